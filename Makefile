@@ -1,0 +1,56 @@
+# chexnet-at-scale: `make tutorial` runs everything, `make test` checks everything.
+SHELL := /bin/bash
+PY_VERSION := $(shell sed -n 's/^ *- python=\([0-9.]*\).*/\1/p' environment.yml)
+PYTHON ?= python$(PY_VERSION)
+VENV ?= .venv
+ifeq ($(CONDA),1)
+  PY := $(CONDA_PREFIX)/bin/python
+else
+  PY := $(abspath $(VENV))/bin/python
+endif
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+BUILD ?= build
+PYTEST_ARGS ?=
+
+export PYTHON VENV
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export PYDEVD_DISABLE_FILE_VALIDATION = 1
+export MPLBACKEND ?= Agg
+
+.PHONY: help setup test unit notebooks tutorial lab data clean distclean
+
+help:
+	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
+	@echo "make test       set up, run the unit tests and every notebook under nbval"
+	@echo "make lab        set up and start JupyterLab with the project kernel"
+	@echo "make setup      only the environment (idempotent)"
+	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest tests $(NOTEBOOKS) --nbval-lax --nbval-current-env \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=0 $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+notebooks: setup
+	$(PY) -m pytest $(NOTEBOOKS) --nbval-lax --nbval-current-env \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=0 $(PYTEST_ARGS)
+
+data: setup
+	$(PY) -m chexnet_utils data
+
+tutorial: setup data
+	$(PY) -m chexnet_utils tutorial --out $(BUILD) $(NOTEBOOKS)
+
+lab: setup
+	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
+
+clean:
+	rm -rf $(BUILD) .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV) data/synthetic-*

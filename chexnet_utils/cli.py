@@ -1,0 +1,194 @@
+"""Command line: ``python -m chexnet_utils <command> ...``.
+
+Commands
+--------
+``synth``      write a synthetic data set in the NIH ChestX-ray14 layout
+``envcheck``   print versions and Horovod build capabilities; fail unless MPI and Gloo work
+``data``       make sure the data set for ``CHEXNET_SCALE`` exists (generate the stand-in)
+``tutorial``   execute notebooks headless and print the results table
+``nbclean``    strip notebook outputs except checked cells (``--execute`` refreshes them)
+``whoami``     (under mpirun) init Horovod, pin this process, print its rank as JSON
+``tfrecords``  convert a data set in the NIH layout to sharded TFRecords (resumable)
+``verify``     check converted TFRecords against their manifest (and the source data);
+               exit 1 when anything does not match
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from chexnet_utils.nih import NIHDataset
+    from chexnet_utils.synthetic import generate_dataset
+
+    out = generate_dataset(args.out, n=args.n, size=args.size, seed=args.seed,
+                           workers=args.workers, overwrite=args.overwrite)
+    ds = NIHDataset.load(out)
+    print(f"wrote {len(ds.records)} images ({args.size}x{args.size}) to {out}")
+    return 0
+
+
+def _cmd_envcheck(args: argparse.Namespace) -> int:
+    from chexnet_utils.envcheck import environment_report, require_capabilities
+
+    report = environment_report()
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        for key, value in report.items():
+            print(f"{key:>22}: {value}")
+    if args.require:
+        require_capabilities(report, args.require.split(","))
+    return 0
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from chexnet_utils.data import prepare_data
+
+    ds = prepare_data()
+    print(f"data set: {ds.root} ({len(ds.records)} images, "
+          f"{len(ds.train_val_names)} train/val, {len(ds.test_names)} test)")
+    return 0
+
+
+def _cmd_tutorial(args: argparse.Namespace) -> int:
+    from chexnet_utils.tutorial import run_tutorial
+
+    runs = run_tutorial(args.notebooks, args.out)
+    failed = [r.notebook.name for r in runs if r.error]
+    if failed:
+        print(f"error: {len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_whoami(args: argparse.Namespace) -> int:
+    from chexnet_utils.distributed import rank_info
+
+    print(json.dumps(rank_info()), flush=True)
+    return 0
+
+
+def _cmd_nbclean(args: argparse.Namespace) -> int:
+    from chexnet_utils.nbtools import clean_all
+
+    clean_all(args.notebooks, execute=args.execute)
+    return 0
+
+
+def _cmd_tfrecords(args: argparse.Namespace) -> int:
+    from chexnet_utils.tfrecords import SKIPPED_TXT, convert_dataset
+
+    result = convert_dataset(
+        args.data_dir, args.out, image_size=args.image_size, encoding=args.encoding,
+        shard_size=args.shard_size, shard_mb=args.shard_mb, workers=args.workers,
+        on_error=args.on_error, val_fraction=args.val_fraction, seed=args.seed,
+        progress=not args.no_progress, overwrite=args.overwrite,
+        jpeg_quality=args.jpeg_quality)
+    print(result.summary())
+    for s in result.skipped[:20]:
+        print(f"  skipped {s['name']} ({s['split']}): {s['reason']}")
+    if len(result.skipped) > 20:
+        print(f"  ... {len(result.skipped) - 20} more in {args.out / SKIPPED_TXT}")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from chexnet_utils.tfrecords import verify
+
+    report = verify(args.tfrecords, data_dir=args.data_dir, decode_images=args.decode)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every sub-command."""
+    parser = argparse.ArgumentParser(prog="python -m chexnet_utils", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("synth", help="write a synthetic NIH-format data set")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--n", type=int, default=600, help="number of images (default 600)")
+    p.add_argument("--size", type=int, default=1024, help="image side in px (default 1024)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the contents of a non-empty --out")
+    p.set_defaults(handler=_cmd_synth)
+
+    p = sub.add_parser("envcheck", help="versions and Horovod build capabilities")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--require", default="",
+                   help="comma list of capabilities that must be present, e.g. tensorflow,mpi,gloo")
+    p.set_defaults(handler=_cmd_envcheck)
+
+    p = sub.add_parser("data", help="make sure the data set for CHEXNET_SCALE exists")
+    p.set_defaults(handler=_cmd_data)
+
+    p = sub.add_parser("tutorial", help="execute notebooks headless, print the results")
+    p.add_argument("--out", type=Path, default=Path("build"), help="output folder")
+    p.add_argument("notebooks", type=Path, nargs="+")
+    p.set_defaults(handler=_cmd_tutorial)
+
+    p = sub.add_parser("nbclean", help="strip outputs except nbval-checked cells")
+    p.add_argument("--execute", action="store_true", help="run the notebook first")
+    p.add_argument("notebooks", type=Path, nargs="+")
+    p.set_defaults(handler=_cmd_nbclean)
+
+    p = sub.add_parser("whoami", help="under mpirun: Horovod rank, local rank, placement")
+    p.set_defaults(handler=_cmd_whoami)
+
+    p = sub.add_parser("tfrecords", help="convert an NIH-layout data set to sharded TFRecords")
+    p.add_argument("--data-dir", type=Path, required=True,
+                   help="folder with Data_Entry_2017.csv, the split lists and the images")
+    p.add_argument("--out", type=Path, required=True, help="output folder (resumed if present)")
+    p.add_argument("--image-size", type=int, default=None, metavar="PX",
+                   help="resize to PX x PX at conversion time (default: keep the source size)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--shard-size", type=int, default=None, metavar="N",
+                      help="images per shard (the last shard takes the remainder)")
+    size.add_argument("--shard-mb", type=float, default=None, metavar="MB",
+                      help="target shard size in MB (default 100)")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    p.add_argument("--on-error", choices=("fail", "skip"), default="fail",
+                   help="bad image: stop (fail, default) or leave it out and list it in "
+                        "skipped.json (skip)")
+    p.add_argument("--encoding", choices=("png", "jpeg"), default="png",
+                   help="stored encoding (default png; 8-bit grey PNGs are stored unchanged "
+                        "when not resized)")
+    p.add_argument("--jpeg-quality", type=int, default=95, help="JPEG quality (default 95)")
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="share of train_val patients for validation (default 0.1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the patient split")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a conversion with different parameters in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_cmd_tfrecords)
+
+    p = sub.add_parser("verify", help="check TFRecords against their manifest (exit 1 on "
+                                      "any problem)")
+    p.add_argument("--tfrecords", type=Path, required=True, help="converted folder")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="also check that every source image is stored once with its label")
+    p.add_argument("--decode", action="store_true", help="also decode every stored image")
+    p.set_defaults(handler=_cmd_verify)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

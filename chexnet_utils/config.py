@@ -1,0 +1,82 @@
+"""Where the data lives and how big a run is: the two knobs every notebook reads.
+
+``CHEXNET_DATA_DIR``
+    A ChestX-ray14-style folder (the real NIH download, or a synthetic stand-in). Unset, the
+    notebooks use ``data/synthetic-<scale>/`` in the repository and generate it on first use.
+``CHEXNET_SCALE``
+    ``ci`` (default: minutes on a 2-core laptop), ``workstation`` (a multi-core box, maybe one
+    GPU) or ``gpu-node`` (a node with several GPUs and the real data set).
+``CHEXNET_WORK_DIR``
+    Where derived files (TFRecords, checkpoints, logs, figures) go; default ``build/``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Sizes for one scale preset."""
+
+    name: str
+    n_images: int
+    """Images in the synthetic stand-in (ignored when ``CHEXNET_DATA_DIR`` is set)."""
+    source_size: int
+    """Side in pixels of the synthetic PNGs (NIH's are 1024)."""
+    image_size: int
+    """Side the model sees after resizing."""
+    arch: str
+    """Model architecture for training notebooks."""
+    batch_size: int
+    epochs: int
+    max_workers: int
+    """Largest number of Horovod engines the notebooks start."""
+
+
+SCALES: dict[str, Scale] = {
+    "ci": Scale("ci", n_images=600, source_size=1024, image_size=128, arch="small",
+                batch_size=16, epochs=3, max_workers=2),
+    "workstation": Scale("workstation", n_images=6000, source_size=1024, image_size=224,
+                         arch="densenet121", batch_size=16, epochs=5, max_workers=4),
+    "gpu-node": Scale("gpu-node", n_images=20000, source_size=1024, image_size=224,
+                      arch="densenet121", batch_size=32, epochs=10, max_workers=8),
+}
+
+
+def repo_root() -> Path:
+    """The checkout this package is installed from (editable install)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def scale(name: str | None = None) -> Scale:
+    """The preset named by ``name`` or ``CHEXNET_SCALE`` (default ``ci``)."""
+    key = (name or os.environ.get("CHEXNET_SCALE") or "ci").strip().lower()
+    try:
+        return SCALES[key]
+    except KeyError:
+        raise ValueError(f"CHEXNET_SCALE={key!r} is not one of {sorted(SCALES)}") from None
+
+
+def data_dir(s: Scale | None = None) -> Path:
+    """``CHEXNET_DATA_DIR`` if set, else ``data/synthetic-<scale>`` in the repository."""
+    env = os.environ.get("CHEXNET_DATA_DIR")
+    if env:
+        return Path(env).expanduser().resolve()
+    s = s or scale()
+    return repo_root() / "data" / f"synthetic-{s.name}"
+
+
+def work_dir() -> Path:
+    """``CHEXNET_WORK_DIR`` if set, else ``build/`` in the repository (created)."""
+    env = os.environ.get("CHEXNET_WORK_DIR")
+    path = Path(env).expanduser().resolve() if env else repo_root() / "build"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def using_real_data() -> bool:
+    """True when the user pointed ``CHEXNET_DATA_DIR`` somewhere."""
+    return bool(os.environ.get("CHEXNET_DATA_DIR"))

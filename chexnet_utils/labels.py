@@ -1,0 +1,93 @@
+"""The 14 ChestX-ray14 pathologies and conversions between ``Finding Labels`` and multi-hot.
+
+The names are spelled exactly as NIH's ``Data_Entry_2017.csv`` spells them (note
+``Pleural_Thickening`` with an underscore). An image without any of them is labelled
+``No Finding``; several findings are joined with ``|``, e.g. ``Cardiomegaly|Emphysema``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+PATHOLOGIES: tuple[str, ...] = (
+    "Atelectasis",
+    "Cardiomegaly",
+    "Effusion",
+    "Infiltration",
+    "Mass",
+    "Nodule",
+    "Pneumonia",
+    "Pneumothorax",
+    "Consolidation",
+    "Edema",
+    "Emphysema",
+    "Fibrosis",
+    "Pleural_Thickening",
+    "Hernia",
+)
+"""The 14 pathology names, in the order CheXNet's output vector uses."""
+
+NUM_CLASSES: int = len(PATHOLOGIES)
+NO_FINDING: str = "No Finding"
+LABEL_SEPARATOR: str = "|"
+
+_INDEX = {name: i for i, name in enumerate(PATHOLOGIES)}
+
+
+class UnknownLabelError(ValueError):
+    """A ``Finding Labels`` entry names something that is not one of the 14 pathologies."""
+
+    def __init__(self, label: str, finding_labels: str) -> None:
+        super().__init__(
+            f"unknown label {label!r} in Finding Labels {finding_labels!r}; "
+            f"expected {NO_FINDING!r} or '|'-joined names from: {', '.join(PATHOLOGIES)}"
+        )
+        self.label = label
+
+
+def parse_finding_labels(finding_labels: str) -> list[str]:
+    """Split a ``Finding Labels`` string into pathology names (empty for ``No Finding``).
+
+    Whitespace around names is ignored; an empty string or ``No Finding`` gives ``[]``.
+    Raises :class:`UnknownLabelError` for a name outside :data:`PATHOLOGIES`, and for
+    ``No Finding`` combined with a pathology.
+    """
+    text = finding_labels.strip()
+    if text in ("", NO_FINDING):
+        return []
+    names = [part.strip() for part in text.split(LABEL_SEPARATOR)]
+    for name in names:
+        if name not in _INDEX:
+            raise UnknownLabelError(name, finding_labels)
+    # Keep the canonical order and drop repeats so equal label sets compare equal.
+    return [p for p in PATHOLOGIES if p in set(names)]
+
+
+def labels_to_multihot(finding_labels: str) -> np.ndarray:
+    """``'Cardiomegaly|Emphysema'`` -> float32 vector of length 14 with ones at those classes."""
+    vec = np.zeros(NUM_CLASSES, dtype=np.float32)
+    for name in parse_finding_labels(finding_labels):
+        vec[_INDEX[name]] = 1.0
+    return vec
+
+
+def multihot_to_labels(vector: Sequence[float] | np.ndarray) -> str:
+    """Inverse of :func:`labels_to_multihot`: a 14-vector back to a ``Finding Labels`` string.
+
+    Entries >= 0.5 count as present, so thresholded predictions can be passed too.
+    """
+    arr = np.asarray(vector, dtype=np.float32).reshape(-1)
+    if arr.shape[0] != NUM_CLASSES:
+        raise ValueError(f"expected a vector of {NUM_CLASSES} values, got {arr.shape[0]}")
+    present = [name for name, v in zip(PATHOLOGIES, arr) if v >= 0.5]
+    return LABEL_SEPARATOR.join(present) if present else NO_FINDING
+
+
+def multihot_matrix(finding_labels: Iterable[str]) -> np.ndarray:
+    """Stack :func:`labels_to_multihot` over many rows: shape ``(n, 14)``, float32."""
+    rows = [labels_to_multihot(f) for f in finding_labels]
+    if not rows:
+        return np.zeros((0, NUM_CLASSES), dtype=np.float32)
+    return np.stack(rows)

@@ -1,0 +1,85 @@
+"""Keeping notebooks clean in git: no outputs except the ones nbval checks.
+
+Cells whose source contains ``# NBVAL_CHECK_OUTPUT`` keep their output in the repository:
+nbval (``--nbval-lax``) compares it with a fresh run. Every other cell is committed empty.
+``python -m chexnet_utils nbclean [--execute] NOTEBOOK...`` enforces that;
+:func:`hygiene_problems` is what the test suite checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+CHECK_MARK = "NBVAL_CHECK_OUTPUT"
+_VOLATILE_META = ("execution", "collapsed", "scrolled")
+
+
+def _is_checked(cell: dict) -> bool:
+    return cell.get("cell_type") == "code" and CHECK_MARK in "".join(cell.get("source", ""))
+
+
+def clean_notebook(path: Path, execute: bool = False, timeout: int = 1800) -> None:
+    """Strip outputs and execution counts, keeping those of checked cells.
+
+    With ``execute=True`` the notebook is first run top to bottom (in its own folder, in a
+    fresh kernel), so checked cells get fresh outputs to commit.
+    """
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    if execute:
+        from nbclient import NotebookClient
+
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    for cell in nb.cells:
+        for key in _VOLATILE_META:
+            cell.metadata.pop(key, None)
+        if cell.cell_type != "code":
+            continue
+        if not _is_checked(cell):
+            # nbval needs a checked cell's execution count ("unrun reference cell" otherwise)
+            cell.execution_count = None
+            cell.outputs = []
+    nbformat.write(nb, path)
+
+
+def hygiene_problems(path: Path) -> list[str]:
+    """What is wrong with a committed notebook.
+
+    Outputs or execution counts in cells nbval does not check; checked cells without output
+    or execution count; checked cells whose execution counts are not increasing (a sign they
+    were run out of order, so a top-to-bottom run may not reproduce them).
+    """
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    problems = []
+    last_count = 0
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if not _is_checked(cell):
+            if cell.outputs:
+                problems.append(f"{path.name} cell {i}: output committed in a cell nbval "
+                                "does not check")
+            if cell.execution_count is not None:
+                problems.append(f"{path.name} cell {i}: execution count "
+                                f"{cell.execution_count} committed")
+            continue
+        if not cell.outputs or cell.execution_count is None:
+            problems.append(f"{path.name} cell {i}: checked cell was not run before committing")
+            continue
+        if cell.execution_count <= last_count:
+            problems.append(f"{path.name} cell {i}: execution count {cell.execution_count} "
+                            f"after {last_count}: run top to bottom before committing")
+        last_count = cell.execution_count
+    return problems
+
+
+def clean_all(paths: Sequence[Path], execute: bool = False) -> None:
+    """:func:`clean_notebook` over several notebooks, printing each name."""
+    for p in paths:
+        print(f"cleaning {p}{' (executing first)' if execute else ''}", flush=True)
+        clean_notebook(Path(p), execute=execute)

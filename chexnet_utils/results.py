@@ -1,0 +1,73 @@
+"""Headline figures the notebooks measure, collected in one JSON file for ``make tutorial``.
+
+Each notebook calls :func:`record` with what it measured (a pipeline speed-up, a mean AUROC,
+a scaling efficiency...). ``make tutorial`` prints them all as a table at the end; figures
+are saved next to it by :func:`save_figure`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from chexnet_utils.config import work_dir
+
+
+def results_path() -> Path:
+    """``<work dir>/results.json``."""
+    return work_dir() / "results.json"
+
+
+def figures_dir() -> Path:
+    """``<work dir>/figures`` (created)."""
+    path = work_dir() / "figures"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """All recorded results: ``{notebook: {name: value}}`` (empty if none yet)."""
+    path = path or results_path()
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def record(notebook: str, values: Mapping[str, Any], path: Path | None = None) -> None:
+    """Merge ``values`` into the results of ``notebook`` (atomic write).
+
+    Values must be JSON-serialisable (numbers, strings, lists, dicts).
+    """
+    path = path or results_path()
+    data = load(path)
+    data.setdefault(notebook, {}).update(json.loads(json.dumps(dict(values), default=float)))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def save_figure(fig: Any, name: str) -> Path:
+    """Save a matplotlib figure as ``<work dir>/figures/<name>.png`` and return the path."""
+    path = figures_dir() / f"{name}.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def format_table(data: Mapping[str, Mapping[str, Any]]) -> str:
+    """Plain-text table of every recorded figure, one row per value."""
+    rows = [("notebook", "figure", "value")]
+    for nb in sorted(data):
+        for key in sorted(data[nb]):
+            value = data[nb][key]
+            text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value) \
+                if isinstance(value, (list, dict)) else str(value)
+            rows.append((nb, key, text if len(text) <= 60 else text[:57] + "..."))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

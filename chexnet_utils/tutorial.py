@@ -1,0 +1,77 @@
+"""``make tutorial``: execute every notebook headless, export HTML, print the results.
+
+Notebooks run in order in a fresh kernel each (the project's installed environment), the
+executed copies and their HTML land in ``<out>/executed/``, the figures the notebooks save in
+``<out>/figures/``, and the headline figures in ``<out>/results.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from chexnet_utils import results
+
+
+@dataclass
+class NotebookRun:
+    """Outcome of one executed notebook."""
+
+    notebook: Path
+    executed: Path
+    html: Path | None
+    seconds: float
+    error: str | None = None
+
+
+def execute_notebook(path: Path, out_dir: Path, timeout: int = 3600) -> NotebookRun:
+    """Run ``path`` top to bottom in a fresh kernel; write the executed copy and its HTML.
+
+    A failing cell does not raise: the run's ``error`` says which cell failed and why, and
+    the partly executed notebook is still written so the learner can look at it.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    from nbconvert import HTMLExporter
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    t0 = time.perf_counter()
+    error = None
+    try:
+        client.execute()
+    except CellExecutionError as e:
+        error = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+    seconds = time.perf_counter() - t0
+    executed = out_dir / path.name
+    nbformat.write(nb, executed)
+    html_path = out_dir / (path.stem + ".html")
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    html_path.write_text(body, encoding="utf-8")
+    return NotebookRun(path, executed, html_path, seconds, error)
+
+
+def run_tutorial(notebooks: Sequence[Path], out_dir: Path) -> list[NotebookRun]:
+    """Execute ``notebooks`` in order, print progress and the results table; return the runs."""
+    os.environ.setdefault("CHEXNET_WORK_DIR", str(out_dir.resolve()))
+    executed_dir = out_dir / "executed"
+    runs = []
+    for nb in notebooks:
+        print(f"running {nb} ...", flush=True)
+        run = execute_notebook(Path(nb), executed_dir)
+        status = "ok" if run.error is None else f"FAILED: {run.error}"
+        print(f"  {run.seconds:7.1f} s  {status}", flush=True)
+        runs.append(run)
+    print()
+    print(results.format_table(results.load()))
+    print()
+    print(f"executed notebooks and HTML: {executed_dir}")
+    print(f"figures:                     {results.figures_dir()}")
+    print(f"results:                     {results.results_path()}")
+    return runs

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# make setup: everything the notebooks and tests need, from nothing, idempotently.
+#   1. Open MPI (Debian packages) if mpicc is missing
+#   2. a virtual environment with the pinned stack (requirements/base.txt)
+#   3. Horovod built from source with MPI + Gloo against that TensorFlow, the wheel cached
+#      under $CHEXNET_CACHE keyed by Horovod, TensorFlow, Python and MPI versions
+#   4. chexnet_utils (editable), a Jupyter kernel, and a loud capability check
+# Environment: VENV (default .venv), PYTHON (interpreter to create it with), CONDA=1 to use
+# the active conda env instead of a venv, HOROVOD_REBUILD=1 to ignore the wheel cache.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3.11}
+CACHE=${CHEXNET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chexnet-at-scale}
+KERNEL_NAME=${KERNEL_NAME:-chexnet-at-scale}
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+t0=$(date +%s)
+
+# 1. Open MPI -------------------------------------------------------------------------
+if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    say "installing Open MPI from Debian packages"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+  else
+    echo "Open MPI is missing and this is not root. Run:" >&2
+    echo "    sudo apt-get update && sudo apt-get install -y openmpi-bin libopenmpi-dev" >&2
+    echo "(or use environment.yml with conda, which brings openmpi), then make setup again." >&2
+    exit 1
+  fi
+fi
+MPI_VERSION=$(mpirun --version 2>/dev/null | head -n1 | sed 's/[^0-9.]*\([0-9][0-9.]*\).*/\1/')
+say "MPI: $(mpirun --version 2>/dev/null | head -n1)"
+
+# 2. Python environment ----------------------------------------------------------------
+if [ "${CONDA:-0}" = 1 ]; then
+  [ -n "${CONDA_PREFIX:-}" ] || { echo "CONDA=1 but no conda env is active" >&2; exit 1; }
+  PY="$CONDA_PREFIX/bin/python"
+else
+  if [ ! -x "$VENV/bin/python" ]; then
+    command -v "$PYTHON" >/dev/null || { echo "$PYTHON not found; set PYTHON=/path/to/python3.11" >&2; exit 1; }
+    say "creating $VENV with $PYTHON"
+    "$PYTHON" -m venv "$VENV"
+  fi
+  PY="$ROOT/$VENV/bin/python"
+fi
+PIP=("$PY" -m pip --disable-pip-version-check)
+stamp_dir=$("$PY" -c 'import sys; print(sys.prefix)')
+req_hash=$(cat requirements/base.txt requirements/build.txt | sha256sum | cut -c1-16)
+if [ ! -f "$stamp_dir/.chexnet-req-$req_hash" ]; then
+  say "installing the pinned stack (requirements/base.txt)"
+  "${PIP[@]}" install -q -r requirements/build.txt
+  "${PIP[@]}" install -q -r requirements/base.txt
+  rm -f "$stamp_dir"/.chexnet-req-*
+  touch "$stamp_dir/.chexnet-req-$req_hash"
+else
+  say "pinned stack already installed"
+fi
+
+# 3. Horovod ---------------------------------------------------------------------------
+HVD_SPEC=$(grep -E '^horovod==' requirements/horovod.txt)
+HVD_VERSION=${HVD_SPEC#horovod==}
+TF_VERSION=$("$PY" - <<'PY'
+import importlib.metadata as m
+for name in ("tensorflow-cpu", "tensorflow", "tensorflow-gpu"):
+    try:
+        print(m.version(name)); break
+    except m.PackageNotFoundError:
+        pass
+else:
+    raise SystemExit("TensorFlow is not installed in this environment")
+PY
+)
+PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+WHEEL_DIR="$CACHE/wheels/horovod-$HVD_VERSION-tf$TF_VERSION-$PY_TAG-openmpi$MPI_VERSION"
+have_hvd=$("$PY" - "$HVD_VERSION" <<'PY' 2>/dev/null || true
+import sys, importlib.metadata as m
+try:
+    ok = m.version("horovod") == sys.argv[1]
+    import horovod.tensorflow as hvd
+    ok = ok and hvd.mpi_built() and hvd.gloo_built()
+except Exception:
+    ok = False
+print("yes" if ok else "no")
+PY
+)
+# An installed Horovod is only reused if it was built against this TensorFlow.
+built_for=$(cat "$stamp_dir/.chexnet-horovod-built-for" 2>/dev/null || true)
+if [ "$have_hvd" = yes ] && [ "$built_for" = "$WHEEL_DIR" ] && [ "${HOROVOD_REBUILD:-0}" != 1 ]; then
+  say "Horovod $HVD_VERSION already installed for TensorFlow $TF_VERSION"
+else
+  if [ "${HOROVOD_REBUILD:-0}" = 1 ]; then rm -rf "$WHEEL_DIR"; fi
+  if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+    say "building Horovod $HVD_VERSION against TensorFlow $TF_VERSION (about 3-5 minutes on 2 cores)"
+    tb=$(date +%s)
+    mkdir -p "$WHEEL_DIR.tmp"
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+    MAKEFLAGS="-j$(nproc)" \
+      "${PIP[@]}" wheel -q --no-deps --no-build-isolation --no-cache-dir -w "$WHEEL_DIR.tmp" "$HVD_SPEC"
+    rm -rf "$WHEEL_DIR" && mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"
+    say "Horovod built in $(( $(date +%s) - tb )) s; wheel cached in $WHEEL_DIR"
+  else
+    say "using cached Horovod wheel from $WHEEL_DIR"
+  fi
+  "${PIP[@]}" install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
+  echo "$WHEEL_DIR" > "$stamp_dir/.chexnet-horovod-built-for"
+fi
+
+# 4. the package, the kernel, the check ------------------------------------------------
+"${PIP[@]}" install -q --no-deps --no-build-isolation -e .
+"$PY" -m ipykernel install --user --name "$KERNEL_NAME" \
+  --display-name "Python (chexnet-at-scale)" >/dev/null
+say "Jupyter kernel '$KERNEL_NAME' registered"
+"$PY" -m chexnet_utils envcheck --require tensorflow,horovod,mpi,gloo
+say "setup finished in $(( $(date +%s) - t0 )) s"

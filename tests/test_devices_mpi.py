@@ -1,0 +1,54 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from chexnet_utils import devices, distributed
+
+
+def test_thread_budget():
+    assert devices.cpu_thread_budget(1, cores=8) == 8
+    assert devices.cpu_thread_budget(3, cores=8) == 2
+    assert devices.cpu_thread_budget(16, cores=8) == 1
+    with pytest.raises(ValueError):
+        devices.cpu_thread_budget(0)
+
+
+def test_mpi_environment_is_root_safe_and_budgets_threads():
+    env = distributed.mpi_environment(2, base={"PATH": "/bin"})
+    if os.geteuid() == 0:
+        assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+    else:
+        assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
+    assert env["OMP_NUM_THREADS"] == str(devices.cpu_thread_budget(2))
+    # a user's own setting wins
+    assert distributed.mpi_environment(2, base={"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+
+
+def test_mpirun_command_options():
+    cmd = distributed.mpirun_command(4, ["python", "train.py"], map_by="socket",
+                                     bind_to="core", hostfile="hosts")
+    assert cmd[1:3] == ["-np", "4"]
+    assert cmd[cmd.index("--map-by") + 1] == "socket"
+    assert cmd[cmd.index("--bind-to") + 1] == "core"
+    assert cmd[cmd.index("--hostfile") + 1] == "hosts"
+    assert cmd[-2:] == [sys.executable, "train.py"]
+    with pytest.raises(ValueError):
+        distributed.mpirun_command(0, ["x"])
+
+
+@pytest.mark.mpi
+def test_two_processes_get_distinct_ranks_and_a_share_of_the_cores():
+    cmd = distributed.mpirun_command(2, ["python", "-m", "chexnet_utils", "whoami"])
+    out = subprocess.run(cmd, env=distributed.mpi_environment(2), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    infos = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert sorted(i["rank"] for i in infos) == [0, 1]
+    assert all(i["size"] == 2 and i["local_size"] == 2 for i in infos)
+    assert sorted(i["local_rank"] for i in infos) == [0, 1]
+    assert len({i["pid"] for i in infos}) == 2
+    assert all(i["device"] == "CPU" and i["threads"] == devices.cpu_thread_budget(2)
+               for i in infos)
