@@ -36,7 +36,11 @@ LABEL_SEPARATOR: str = "|"
 _INDEX = {name: i for i, name in enumerate(PATHOLOGIES)}
 
 
-class UnknownLabelError(ValueError):
+class LabelError(ValueError):
+    """A ``Finding Labels`` entry that cannot be turned into a label vector."""
+
+
+class UnknownLabelError(LabelError):
     """A ``Finding Labels`` entry names something that is not one of the 14 pathologies."""
 
     def __init__(self, label: str, finding_labels: str) -> None:
@@ -51,13 +55,15 @@ def parse_finding_labels(finding_labels: str) -> list[str]:
     """Split a ``Finding Labels`` string into pathology names (empty for ``No Finding``).
 
     Whitespace around names is ignored; an empty string or ``No Finding`` gives ``[]``.
-    Raises :class:`UnknownLabelError` for a name outside :data:`PATHOLOGIES`, and for
-    ``No Finding`` combined with a pathology.
+    Raises :class:`UnknownLabelError` for a name outside :data:`PATHOLOGIES`, and
+    :class:`LabelError` for ``No Finding`` combined with a pathology.
     """
     text = finding_labels.strip()
     if text in ("", NO_FINDING):
         return []
     names = [part.strip() for part in text.split(LABEL_SEPARATOR)]
+    if NO_FINDING in names:
+        raise LabelError(f"{NO_FINDING!r} combined with other labels in {finding_labels!r}")
     for name in names:
         if name not in _INDEX:
             raise UnknownLabelError(name, finding_labels)

@@ -34,7 +34,7 @@ import numpy as np
 from chexnet_utils.labels import (
     NO_FINDING,
     PATHOLOGIES,
-    UnknownLabelError,
+    LabelError,
     labels_to_multihot,
     parse_finding_labels,
 )
@@ -108,11 +108,13 @@ class ImageRecord:
 
 
 def _parse_int(text: str, what: str, path: Path, row: int) -> int:
-    # NIH's 2017 CSV has plain integers; earlier releases wrote ages as '058Y'.
-    m = re.fullmatch(r"\s*(\d+)\s*[YMD]?\s*", text)
+    # NIH's 2017 CSV has plain integers; earlier releases wrote ages as '058Y' (or M/D for
+    # months/days), which we convert to whole years.
+    m = re.fullmatch(r"\s*(\d+)\s*([YMD]?)\s*", text)
     if not m:
         raise DataFormatError(path, f"{what} is not a whole number: {text!r}", row)
-    return int(m.group(1))
+    value, unit = int(m.group(1)), m.group(2)
+    return value // 12 if unit == "M" else value // 365 if unit == "D" else value
 
 
 def _parse_optional(text: str, kind: type, what: str, path: Path, row: int):  # type: ignore[no-untyped-def]
@@ -153,6 +155,9 @@ def read_data_entry(path: Path | str) -> list[ImageRecord]:
             # A trailing comma adds an empty last field; anything else must line up.
             while len(fields) > len(header) and fields[-1].strip() == "":
                 fields = fields[:-1]
+            if len(fields) > len(header):
+                raise DataFormatError(path, f"expected {len(header)} fields, got {len(fields)} "
+                                      f"(extra values: {fields[len(header):]})", line_no)
             if len(fields) < len(_REQUIRED):
                 raise DataFormatError(path, f"expected {len(header)} fields, got {len(fields)}",
                                       line_no)
@@ -170,7 +175,7 @@ def read_data_entry(path: Path | str) -> list[ImageRecord]:
             seen[name] = line_no
             try:
                 labels = parse_finding_labels(get("Finding Labels"))
-            except UnknownLabelError as e:
+            except LabelError as e:
                 raise DataFormatError(path, str(e), line_no) from None
             records.append(ImageRecord(
                 image_index=name,
@@ -286,25 +291,28 @@ def patient_split(
 ) -> Split:
     """Split records by patient so that no patient is in two parts.
 
-    With ``test_names`` (NIH's ``test_list.txt``) those images form the test part and the
-    rest is split into train/val by patient; otherwise patients are drawn at random for test
-    too. Fractions are of patients. The result is checked for leakage before it is returned.
+    Without ``test_names``, ``test_fraction`` and ``val_fraction`` of the *patients* are drawn
+    at random for test and validation. With ``test_names`` (NIH's ``test_list.txt``) those
+    images form the test part, ``test_fraction`` is ignored, and ``val_fraction`` of the
+    remaining patients form validation. The result is checked for leakage before it is
+    returned (an official list that puts a patient on both sides raises
+    :class:`LeakageError`).
     """
-    if not 0 <= val_fraction < 1 or not 0 <= test_fraction < 1 or val_fraction + test_fraction >= 1:
-        raise ValueError(f"bad fractions: val={val_fraction}, test={test_fraction}")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     rng = random.Random(seed)
     if test_names is not None:
         test_set = set(test_names)
         test = [r for r in records if r.image_index in test_set]
         rest = [r for r in records if r.image_index not in test_set]
-        val_share = val_fraction / (1 - test_fraction) if test_fraction < 1 else val_fraction
         patients = sorted({r.patient_id for r in rest})
         rng.shuffle(patients)
-        n_val = round(len(patients) * val_share)
-        val_p = set(patients[:n_val])
+        val_p = set(patients[:round(len(patients) * val_fraction)])
         split = Split(train=[r for r in rest if r.patient_id not in val_p],
                       val=[r for r in rest if r.patient_id in val_p], test=test)
     else:
+        if not 0 <= test_fraction < 1 or val_fraction + test_fraction >= 1:
+            raise ValueError(f"bad fractions: val={val_fraction}, test={test_fraction}")
         patients = sorted({r.patient_id for r in records})
         rng.shuffle(patients)
         n_test = round(len(patients) * test_fraction)
@@ -377,13 +385,13 @@ class NIHDataset:
         return [r.image_index for r in self.records if r.image_index not in self.image_paths]
 
     def split(self, val_fraction: float = 0.1, seed: int = 0) -> Split:
-        """Official test list as test; train_val split by patient into train and val.
+        """Official test list as test; ``val_fraction`` of the train_val patients as val.
 
         Without split lists, draws a 70/10/20 patient-level split.
         """
         if self.test_names:
-            test_fraction = len(self.test_names) / max(1, len(self.records))
-            return patient_split(self.records, val_fraction, test_fraction, seed, self.test_names)
+            return patient_split(self.records, val_fraction, seed=seed,
+                                 test_names=self.test_names)
         return patient_split(self.records, val_fraction, 0.2, seed)
 
     def labels(self) -> np.ndarray:

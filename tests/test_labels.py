@@ -3,6 +3,7 @@ import pytest
 
 from chexnet_utils.labels import (
     NO_FINDING,
+    LabelError,
     PATHOLOGIES,
     UnknownLabelError,
     labels_to_multihot,
@@ -46,7 +47,7 @@ def test_unknown_label_is_named():
 
 
 def test_no_finding_mixed_with_a_pathology_is_rejected():
-    with pytest.raises(UnknownLabelError):
+    with pytest.raises(LabelError, match="combined with other labels"):
         labels_to_multihot("No Finding|Mass")
 
 

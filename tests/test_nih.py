@@ -61,6 +61,17 @@ def test_old_age_format(tmp_path):
     assert recs[0].patient_age == 58
 
 
+def test_extra_fields_are_an_error(tmp_path):
+    with pytest.raises(DataFormatError, match=r"row 2: expected 11 fields, got 13"):
+        read_data_entry(write(tmp_path / CSV_NAME, [REAL_HEADER, REAL_ROWS[0] + ",EXTRA,MORE"]))
+
+
+def test_ages_in_months_and_days(tmp_path):
+    rows = [REAL_ROWS[0].replace(",58,", ",018M,"), REAL_ROWS[3].replace(",81,", ",400D,")]
+    recs = read_data_entry(write(tmp_path / CSV_NAME, [REAL_HEADER, *rows]))
+    assert [r.patient_age for r in recs] == [1, 1]
+
+
 def test_missing_column_names_file_and_row(tmp_path):
     path = write(tmp_path / CSV_NAME, ["Image Index,Finding Labels,Patient ID", "a.png,Mass,1"])
     with pytest.raises(DataFormatError, match=rf"{CSV_NAME}, row 1: missing column") as e:
@@ -191,9 +202,11 @@ def test_patient_split_has_no_leakage_and_covers_everything():
 def test_split_with_official_test_list():
     recs = records(50, 2)
     test_names = [r.image_index for r in recs if r.patient_id <= 10]
-    split = patient_split(recs, 0.1, 0.2, seed=0, test_names=test_names)
+    split = patient_split(recs, 0.1, seed=0, test_names=test_names)
     assert sorted(r.image_index for r in split.test) == sorted(test_names)
     split.check_no_leakage()
+    # val is 10 % of the 40 remaining patients, whatever share of images the test list has
+    assert len({r.patient_id for r in split.val}) == 4
 
 
 def test_leakage_is_detected_and_named():
