@@ -97,3 +97,46 @@ def rank_info() -> dict[str, object]:
         "device": placement.device,
         "threads": placement.threads,
     }
+
+
+def json_objects(text: str) -> list[dict[str, object]]:
+    """Every JSON object in ``text``, even when lines from several processes run together.
+
+    ``mpirun`` merges the processes' stdout and does not promise to keep their lines apart,
+    so ``{"rank": 0}{"rank": 1}`` on one line is possible; this scans for objects instead of
+    splitting lines.
+    """
+    import json
+
+    decoder = json.JSONDecoder()
+    found: list[dict[str, object]] = []
+    pos = text.find("{")
+    while pos != -1:
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            pos = text.find("{", pos + 1)
+            continue
+        if isinstance(obj, dict):
+            found.append(obj)
+        pos = text.find("{", end)
+    return found
+
+
+def run_mpi_json(n_procs: int, argv: Sequence[str], timeout: float = 300,
+                 **mpirun_options: object) -> list[dict[str, object]]:
+    """Run ``argv`` under ``mpirun -np n_procs``; return the JSON objects the ranks printed.
+
+    Sorted by their ``rank`` key where present. Raises ``RuntimeError`` with the tail of
+    stderr when ``mpirun`` fails, and ``subprocess.TimeoutExpired`` after ``timeout`` seconds
+    (a hung ``hvd.init()`` must not hang the caller).
+    """
+    import subprocess
+
+    cmd = mpirun_command(n_procs, argv, **mpirun_options)  # type: ignore[arg-type]
+    out = subprocess.run(cmd, env=mpi_environment(n_procs), capture_output=True, text=True,
+                         timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"mpirun exited with {out.returncode}:\n{out.stderr[-3000:]}")
+    objs = json_objects(out.stdout)
+    return sorted(objs, key=lambda o: int(o.get("rank", 0)))  # type: ignore[call-overload]

@@ -1,6 +1,4 @@
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -39,13 +37,19 @@ def test_mpirun_command_options():
         distributed.mpirun_command(0, ["x"])
 
 
+def test_json_objects_survive_merged_lines():
+    text = 'noise {"rank": 1, "x": [1, 2]}{"rank": 0}\nwarning: {not json}\n{"rank": 2}\n'
+    assert distributed.json_objects(text) == [{"rank": 1, "x": [1, 2]}, {"rank": 0}, {"rank": 2}]
+
+
+def test_failing_mpirun_raises_with_stderr():
+    with pytest.raises(RuntimeError, match="mpirun exited with"):
+        distributed.run_mpi_json(1, ["python", "-c", "import sys; sys.exit('boom')"], timeout=60)
+
+
 @pytest.mark.mpi
 def test_two_processes_get_distinct_ranks_and_a_share_of_the_cores():
-    cmd = distributed.mpirun_command(2, ["python", "-m", "chexnet_utils", "whoami"])
-    out = subprocess.run(cmd, env=distributed.mpi_environment(2), capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    infos = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    infos = distributed.run_mpi_json(2, ["python", "-m", "chexnet_utils", "whoami"], timeout=120)
     assert sorted(i["rank"] for i in infos) == [0, 1]
     assert all(i["size"] == 2 and i["local_size"] == 2 for i in infos)
     assert sorted(i["local_rank"] for i in infos) == [0, 1]
