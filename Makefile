@@ -17,7 +17,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup test unit notebooks tutorial lab data clean distclean
+.PHONY: help setup test unit notebooks tutorial lab data bench clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
@@ -25,6 +25,7 @@ help:
 	@echo "make lab        set up and start JupyterLab with the project kernel"
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
+	@echo "make bench      old vs new input pipeline on full-size TFRecords -> $(BUILD)/bench-pipelines.json"
 
 setup:
 	@bash scripts/setup.sh
@@ -45,6 +46,16 @@ data: setup
 
 tutorial: setup data
 	$(PY) -m chexnet_utils tutorial --out $(BUILD) $(NOTEBOOKS)
+
+# Full-size (1024 px, not resized) TFRecords of the data set, converted once.
+TFRECORDS_1024 := $(BUILD)/tfrecords-1024
+
+bench: setup data
+	@grep -qs '"complete": true' $(TFRECORDS_1024)/manifest.json || \
+	  $(PY) -m chexnet_utils tfrecords --out $(TFRECORDS_1024) --data-dir \
+	    "$$($(PY) -c 'from chexnet_utils.config import data_dir; print(data_dir())')"
+	$(PY) -m chexnet_utils bench pipelines --tfrecords $(TFRECORDS_1024) \
+	  --json $(BUILD)/bench-pipelines.json
 
 lab: setup
 	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks

@@ -11,6 +11,8 @@ Commands
 ``tfrecords``  convert a data set in the NIH layout to sharded TFRecords (resumable)
 ``verify``     check converted TFRecords against their manifest (and the source data);
                exit 1 when anything does not match
+``bench``      measurements: ``bench pipelines`` times the old vs the new tf.data input
+               pipeline on converted TFRecords and writes the numbers as JSON
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -108,6 +111,23 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
+    from chexnet_utils.benchmark import bench_pipelines, format_bench
+
+    result = bench_pipelines(
+        args.tfrecords, image_size=args.image_size, batch_size=args.batch_size,
+        n_batches=args.batches, split=args.split, repeats=args.repeats,
+        warmup_batches=args.warmup, shuffle_buffer=args.shuffle_buffer,
+        ceiling_images=args.ceiling_images, train_steps=args.train_steps,
+        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    print(format_bench(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(prog="python -m chexnet_utils", description=__doc__,
@@ -166,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "when not resized)")
     p.add_argument("--jpeg-quality", type=int, default=95, help="JPEG quality (default 95)")
     p.add_argument("--val-fraction", type=float, default=0.1,
-                   help="share of train_val patients for validation (default 0.1)")
+                   help="share of the train_val patients held out for validation (default 0.1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the patient split")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a conversion with different parameters in --out")
@@ -180,6 +200,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also check that every source image is stored once with its label")
     p.add_argument("--decode", action="store_true", help="also decode every stored image")
     p.set_defaults(handler=_cmd_verify)
+
+    p = sub.add_parser("bench", help="measurements (bench pipelines: old vs new tf.data)")
+    bench = p.add_subparsers(dest="bench_command", required=True)
+    b = bench.add_parser("pipelines", help="old vs new input pipeline on converted TFRecords")
+    b.add_argument("--tfrecords", type=Path, required=True, help="converted folder")
+    b.add_argument("--json", type=Path, required=True, help="write the results here")
+    b.add_argument("--split", default="train", help="which shards to read (default train)")
+    b.add_argument("--image-size", type=int, default=224, metavar="PX",
+                   help="model input side (default 224)")
+    b.add_argument("--batch-size", type=int, default=16, metavar="N", help="default 16")
+    b.add_argument("--batches", type=int, default=20, metavar="N",
+                   help="timed batches per run (default 20)")
+    b.add_argument("--repeats", type=int, default=3, metavar="N",
+                   help="timed runs per pipeline, alternating old/new (default 3)")
+    b.add_argument("--warmup", type=int, default=2, metavar="N",
+                   help="untimed batches before each run (default 2)")
+    b.add_argument("--shuffle-buffer", type=int, default=256, metavar="N",
+                   help="shuffle buffer of both pipelines (default 256)")
+    b.add_argument("--ceiling-images", type=int, default=64, metavar="N",
+                   help="images for the single-core decode rate (default 64)")
+    b.add_argument("--train-steps", type=int, default=10, metavar="N",
+                   help="timed training steps for the idle fractions (default 10)")
+    b.set_defaults(handler=_cmd_bench_pipelines)
     return parser
 
 

@@ -1,0 +1,374 @@
+"""The old and new tf.data pipelines, their ablation steps, the benchmark helpers and the
+``bench pipelines`` command. Fixtures: tiny TFRecord shards (64 px PNGs) written here with
+the converter's own Example writer, so no NIH folder or conversion run is needed."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from chexnet_utils import benchmark as B
+from chexnet_utils import pipelines as P
+from chexnet_utils import tfrecords as T
+from chexnet_utils.cli import main
+
+tf = pytest.importorskip("tensorflow")
+
+N_EXAMPLES = 40
+N_SHARDS = 5
+SOURCE_PX = 64
+S = 32  # model input side in these tests
+
+
+def png(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def example_image(i: int) -> np.ndarray:
+    """A different image per index: a gradient plus noise."""
+    rng = np.random.default_rng(i)
+    xx = np.linspace(0, 200, SOURCE_PX)[None, :]
+    return np.clip(xx + rng.normal(0, 20, (SOURCE_PX, SOURCE_PX)), 0, 255).astype(np.uint8)
+
+
+def name_of(i: int) -> str:
+    return f"{i + 1:08d}_000.png"
+
+
+def label_of(i: int) -> list[float]:
+    lab = [0.0] * 14
+    lab[i % 14] = 1.0
+    if i % 3 == 0:
+        lab[(i + 5) % 14] = 1.0
+    return lab
+
+
+@pytest.fixture(scope="module")
+def tfr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 examples in 5 train shards of 8, named like the converter names them."""
+    root = tmp_path_factory.mktemp("tfrecords")
+    per = N_EXAMPLES // N_SHARDS
+    for s in range(N_SHARDS):
+        records = [T.make_example(png(example_image(i)), "png", SOURCE_PX, SOURCE_PX,
+                                  label_of(i), name_of(i), 1000 + i)
+                   for i in range(s * per, (s + 1) * per)]
+        T.write_records(root / T.shard_name("train", s, N_SHARDS), records)
+    return root
+
+
+@pytest.fixture(scope="module")
+def files(tfr_dir: Path) -> list[Path]:
+    fs = T.list_shards(tfr_dir, "train")
+    assert len(fs) == N_SHARDS
+    return fs
+
+
+ALL_NAMES = sorted(name_of(i) for i in range(N_EXAMPLES))
+
+
+def collect(ds: tf.data.Dataset) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{name: (image, label)} over a finite dataset of (image, label, name) batches; fails
+    on a name seen twice."""
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for images, labels, names in ds:
+        for img, lab, n in zip(images.numpy(), labels.numpy(), names.numpy()):
+            key = n.decode()
+            assert key not in out, f"{key} delivered twice"
+            out[key] = (img, lab)
+    return out
+
+
+def names_of(ds: tf.data.Dataset) -> list[str]:
+    return [n.decode() for _, _, names in ds for n in names.numpy()]
+
+
+# --------------------------------------------------------------------------------------------
+# preprocessing
+# --------------------------------------------------------------------------------------------
+
+def test_normalisation_of_constant_grey() -> None:
+    grey = 128
+    raw = png(np.full((SOURCE_PX, SOURCE_PX), grey, np.uint8))
+    image, label = P.preprocess(tf.constant(raw), tf.constant(label_of(1)), S, training=False)
+    assert image.shape == (S, S, 3) and image.dtype == tf.float32
+    assert label.shape == (14,) and label.dtype == tf.float32
+    expected = (grey / 255.0 - np.array(P.IMAGENET_MEAN)) / np.array(P.IMAGENET_STD)
+    np.testing.assert_allclose(image.numpy(), np.broadcast_to(expected, (S, S, 3)), atol=1e-5)
+    np.testing.assert_allclose(expected, [0.0741, 0.2052, 0.4265], atol=1e-3)  # docstring
+
+
+def test_preprocess_batch_equals_per_image() -> None:
+    raws = [png(example_image(i)) for i in range(4)]
+    labels = tf.constant([label_of(i) for i in range(4)])
+    bi, bl = P.preprocess_batch(tf.constant(raws), labels, S, training=False)
+    assert bi.shape == (4, S, S, 3) and bl.shape == (4, 14)
+    for k, raw in enumerate(raws):
+        one, _ = P.preprocess(tf.constant(raw), labels[k], S, training=False)
+        np.testing.assert_allclose(bi[k].numpy(), one.numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_flip_only_in_training(batched: bool) -> None:
+    # left half black, right half white: a flip is easy to see
+    a = np.zeros((16, 16), np.uint8)
+    a[:, 8:] = 255
+    raw = tf.constant(png(a))
+    lab = tf.constant(label_of(0))
+    tf.random.set_seed(1)
+
+    def left_is_dark(training: bool) -> list[bool]:
+        if batched:
+            imgs, _ = P.preprocess_batch(tf.stack([raw] * 24), tf.stack([lab] * 24), 16,
+                                         training)
+            return [bool(im[:, :4, 0].numpy().mean() < im[:, -4:, 0].numpy().mean())
+                    for im in imgs]
+        return [bool(img[:, :4, 0].numpy().mean() < img[:, -4:, 0].numpy().mean())
+                for img, _ in (P.preprocess(raw, lab, 16, training) for _ in range(24))]
+
+    assert all(left_is_dark(False)), "evaluation must never flip"
+    seen = Counter(left_is_dark(True))
+    assert seen[True] > 0 and seen[False] > 0, f"training should flip about half: {seen}"
+
+
+# --------------------------------------------------------------------------------------------
+# the two pipelines
+# --------------------------------------------------------------------------------------------
+
+def test_new_is_a_permutation_of_old_with_identical_preprocessing(files: list[Path]) -> None:
+    old = collect(P.old_approach(files, 8, S, training=False, with_names=True))
+    new = collect(P.new_approach(files, 8, S, training=False, with_names=True))
+    assert sorted(old) == sorted(new) == ALL_NAMES
+    for name in ALL_NAMES:
+        np.testing.assert_array_equal(old[name][0], new[name][0])
+        np.testing.assert_array_equal(old[name][1], new[name][1])
+        i = int(name[:8]) - 1
+        np.testing.assert_array_equal(old[name][1], label_of(i))
+    # the old approach reads sequentially: file order, record order
+    assert names_of(P.old_approach(files, 8, S, training=False, with_names=True)) == ALL_NAMES
+
+
+@pytest.mark.parametrize("approach", ["old", "new"])
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_workers_get_disjoint_complete_parts(files: list[Path], approach: str,
+                                             num_workers: int) -> None:
+    parts = [names_of(P.build_pipeline(approach, files, 4, S, training=False,
+                                       num_workers=num_workers, worker_index=w,
+                                       with_names=True))
+             for w in range(num_workers)]
+    seen = Counter(n for part in parts for n in part)
+    assert sorted(seen) == ALL_NAMES
+    assert max(seen.values()) == 1, "a name went to two workers"
+    assert all(parts), "every worker gets some examples"
+
+
+@pytest.mark.parametrize("approach", ["old", "new"])
+def test_training_batches_shapes_and_one_epoch(files: list[Path], approach: str) -> None:
+    ds = P.build_pipeline(approach, files, 8, S, training=True, seed=3)
+    images, labels = next(iter(ds))  # (image, label) only by default
+    assert images.shape == (8, S, S, 3) and images.dtype == tf.float32
+    assert labels.shape == (8, 14) and labels.dtype == tf.float32
+    assert ds.element_spec[0].shape[1:] == (S, S, 3)
+    # training repeats by default; without repeat one epoch is a shuffled permutation
+    epoch = names_of(P.build_pipeline(approach, files, 8, S, training=True, repeat=False,
+                                      seed=3, with_names=True))
+    assert sorted(epoch) == ALL_NAMES
+    assert epoch != ALL_NAMES, "training should shuffle"
+    many = list(ds.take(N_EXAMPLES // 8 + 2))
+    assert len(many) == N_EXAMPLES // 8 + 2, "training repeats by default"
+
+
+def test_eval_keeps_last_partial_batch_training_new_drops_it(files: list[Path]) -> None:
+    sizes = [int(b[0].shape[0]) for b in P.new_approach(files, 16, S, training=False)]
+    assert sizes == [16, 16, 8]
+    sizes = [int(b[0].shape[0]) for b in P.old_approach(files, 16, S, training=False)]
+    assert sizes == [16, 16, 8]
+    sizes = [int(b[0].shape[0]) for b in P.new_approach(files, 16, S, training=True,
+                                                         repeat=False, seed=0)]
+    assert sizes == [16, 16]
+    assert P.new_approach(files, 16, S, training=True).element_spec[0].shape[0] == 16
+
+
+def test_file_sharding_needs_enough_files(files: list[Path]) -> None:
+    with pytest.raises(ValueError, match="more shards"):
+        P.new_approach(files, 4, S, num_workers=N_SHARDS + 1, worker_index=0)
+    # record-level sharding (old approach, or shard_files_first off) works with any N
+    parts = [names_of(P.old_approach(files, 4, S, training=False, num_workers=N_SHARDS + 1,
+                                     worker_index=w, with_names=True))
+             for w in range(N_SHARDS + 1)]
+    assert sorted(n for p in parts for n in p) == ALL_NAMES
+    opts = P.PipelineOptions(shard_files_first=False)
+    assert names_of(P.new_approach(files, 4, S, training=False, num_workers=N_SHARDS + 1,
+                                   worker_index=1, options=opts, with_names=True))
+
+
+def test_argument_checks(files: list[Path]) -> None:
+    with pytest.raises(ValueError, match="no TFRecord files"):
+        P.new_approach([], 4, S)
+    with pytest.raises(ValueError, match="worker_index"):
+        P.old_approach(files, 4, S, num_workers=2, worker_index=2)
+    with pytest.raises(ValueError, match="approach"):
+        P.build_pipeline("newest", files, 4, S)
+
+
+# --------------------------------------------------------------------------------------------
+# ablation
+# --------------------------------------------------------------------------------------------
+
+def test_ablation_steps_change_one_switch_at_a_time() -> None:
+    steps = P.ablation_steps()
+    assert steps[0][1] == P.PipelineOptions.old_equivalent()
+    assert steps[-1][1] == P.PipelineOptions()
+    names = [f.name for f in fields(P.PipelineOptions)]
+    for (_, a), (_, b) in zip(steps, steps[1:]):
+        changed = [n for n in names if getattr(a, n) != getattr(b, n)]
+        assert len(changed) == 1, changed
+    assert len({label for label, _ in steps}) == len(steps)
+    extra = P.ablation_steps(include_vectorized=True)
+    assert len(extra) == len(steps) + 1 and extra[-1][1].vectorized_map
+
+
+def test_step0_behaves_like_the_old_approach(files: list[Path]) -> None:
+    step0 = P.PipelineOptions.old_equivalent()
+    for w in range(3):
+        kw = dict(training=False, num_workers=3, worker_index=w, with_names=True)
+        old = names_of(P.old_approach(files, 4, S, **kw))
+        assert names_of(P.new_approach(files, 4, S, options=step0, **kw)) == old
+
+
+@pytest.mark.parametrize("label,options", P.ablation_steps(include_vectorized=True),
+                         ids=[label for label, _ in P.ablation_steps(include_vectorized=True)])
+def test_every_ablation_step_yields_correct_examples(files: list[Path], label: str,
+                                                     options: P.PipelineOptions) -> None:
+    reference = collect(P.old_approach(files, 8, S, training=False, with_names=True))
+    got = collect(P.new_approach(files, 8, S, training=False, options=options,
+                                 with_names=True))
+    assert sorted(got) == ALL_NAMES
+    for name in ALL_NAMES[::7]:
+        np.testing.assert_allclose(got[name][0], reference[name][0], atol=1e-6)
+        np.testing.assert_array_equal(got[name][1], reference[name][1])
+    parts = [names_of(P.new_approach(files, 8, S, training=False, options=options,
+                                     num_workers=2, worker_index=w, with_names=True))
+             for w in range(2)]
+    assert sorted(parts[0] + parts[1]) == ALL_NAMES
+    images, labels = next(iter(P.new_approach(files, 8, S, training=True, options=options,
+                                              seed=0)))
+    assert images.shape == (8, S, S, 3) and labels.shape == (8, 14)
+
+
+# --------------------------------------------------------------------------------------------
+# benchmark helpers
+# --------------------------------------------------------------------------------------------
+
+def tiny_cnn(image_size: int):  # type: ignore[no-untyped-def]
+    import keras
+
+    model = keras.Sequential([
+        keras.Input((image_size, image_size, 3)),
+        keras.layers.Conv2D(4, 3, strides=2, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(14, activation="sigmoid"),
+    ])
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    return model
+
+
+def test_time_pipeline_and_compare(files: list[Path]) -> None:
+    ds = P.new_approach(files, 8, S, training=True, shuffle_buffer=16, seed=0)
+    r = B.time_pipeline(ds, n_batches=3, warmup_batches=1, repeats=2)
+    assert len(r.images_per_s) == 2 and all(v > 0 for v in r.images_per_s)
+    assert r.images == [24, 24] and r.mean > 0 and r.std >= 0
+    assert json.dumps(r.as_dict())
+    r2 = B.time_pipeline(ds, n_batches=2, warmup_batches=1, repeats=2, fresh_iterator=False)
+    assert r2.images == [16, 16] and not r2.fresh_iterator
+    both = B.compare_pipelines(
+        {"old": P.old_approach(files, 8, S, training=True, shuffle_buffer=16, seed=0),
+         "new": ds}, n_batches=2, warmup_batches=1, repeats=2)
+    assert set(both) == {"old", "new"} and all(x.mean > 0 for x in both.values())
+    # a finite dataset: timed for what it has, an error when nothing is left
+    finite = P.old_approach(files, 16, S, training=False)  # 16, 16, 8
+    assert B.time_pipeline(finite, n_batches=10, warmup_batches=1, repeats=1).images == [24]
+    with pytest.raises(ValueError, match="no batches left"):
+        B.time_pipeline(finite, n_batches=1, warmup_batches=3, repeats=1)
+
+
+def test_decode_ceiling(files: list[Path]) -> None:
+    c = B.decode_ceiling(files, S, n_images=16, repeats=1, min_seconds=0.05)
+    assert c["n_images"] == 16 and c["cores"] == B.available_cores() >= 1
+    assert c["img_per_s_single_core"] > 0
+    assert c["ceiling_img_per_s"] == pytest.approx(c["img_per_s_single_core"] * c["cores"])
+
+
+def test_time_training_and_timeline(files: list[Path]) -> None:
+    model = tiny_cnn(S)
+    ds = P.new_approach(files, 8, S, training=True, shuffle_buffer=16, seed=0)
+    r = B.time_training(model, ds, n_steps=3, warmup=1)
+    assert r.real_img_per_s > 0 and r.synthetic_img_per_s > 0
+    assert 0.0 <= r.idle_fraction <= 1.0 and r.batch_size == 8
+    r2 = B.time_training(model, ds, n_steps=2, warmup=1, synthetic_img_per_s=1e9)
+    assert r2.idle_fraction == pytest.approx(1.0, abs=1e-3) and r2.synthetic_seconds is None
+
+    tl = B.record_timeline(ds, B.train_step_fn(model), n_steps=3)
+    assert len(tl.t_request) == len(tl.t_batch_ready) == len(tl.t_step_done) == 3
+    for q, r_, d in zip(tl.t_request, tl.t_batch_ready, tl.t_step_done):
+        assert 0 <= q <= r_ <= d
+    assert all(a <= b for a, b in zip(tl.t_step_done, tl.t_request[1:]))
+    assert 0 <= tl.wait_fraction <= 1 and len(tl.segments()["compute"]) == 3
+
+
+def test_simulated_timeline_sum_vs_max() -> None:
+    cpu, accel = 40.0, 25.0
+    seq = B.simulate_timeline(cpu, accel, n_steps=4, pipelined=False)
+    pipe = B.simulate_timeline(cpu, accel, n_steps=4, pipelined=True)
+    assert seq.step_s >= 0.95 * (cpu + accel) / 1000  # sleeps: never faster than the sum
+    assert pipe.step_s < seq.step_s
+    assert min(pipe.wait_s) < min(seq.wait_s)
+
+
+@pytest.mark.parametrize("approach", ["old", "new"])
+def test_simulated_workers(files: list[Path], approach: str) -> None:
+    r = B.simulated_workers(files, approach, 2, batch_size=4, image_size=S, n_batches=2,
+                            warmup_batches=1, shuffle_buffer=8, seed=0)
+    assert r["num_workers"] == 2 and r["per_worker_img_per_s"] > 0
+    assert r["aggregate_img_per_s"] == pytest.approx(2 * r["per_worker_img_per_s"])
+
+
+REQUIRED_KEYS = {"old_img_per_s", "new_img_per_s", "decode_ceiling_img_per_s", "new_over_old",
+                 "new_over_ceiling", "idle_fraction_old", "idle_fraction_new", "cores",
+                 "image_size", "batch_size", "n_batches", "split", "tfrecords_dir"}
+
+
+def test_cli_bench_pipelines(tfr_dir: Path, tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sub" / "bench.json"
+    rc = main(["bench", "pipelines", "--tfrecords", str(tfr_dir), "--json", str(out),
+               "--image-size", str(S), "--batch-size", "4", "--batches", "2", "--repeats", "2",
+               "--warmup", "1", "--shuffle-buffer", "8", "--ceiling-images", "8",
+               "--train-steps", "2"])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert REQUIRED_KEYS <= set(result)
+    for key in ("old_img_per_s", "new_img_per_s", "decode_ceiling_img_per_s",
+                "new_over_old", "new_over_ceiling"):
+        assert result[key] > 0, key
+    assert 0 <= result["idle_fraction_old"] <= 1 and 0 <= result["idle_fraction_new"] <= 1
+    assert result["image_size"] == S and result["batch_size"] == 4 and result["cores"] >= 1
+    text = capsys.readouterr().out
+    assert "old approach" in text and "new approach" in text and "decode ceiling" in text
+
+
+def test_cli_bench_pipelines_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    rc = main(["bench", "pipelines", "--tfrecords", str(tmp_path / "empty"),
+               "--json", str(tmp_path / "x.json")])
+    assert rc == 2 and "no train shards" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench"])  # a sub-command is required

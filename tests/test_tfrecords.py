@@ -1,0 +1,670 @@
+"""NIH folder -> sharded TFRecords: round trip through tf.data, determinism, resume, bad input,
+verification and the CLI. Fixtures are tiny NIH-layout folders built here with PIL."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from chexnet_utils import tfrecords as T
+from chexnet_utils.cli import main
+from chexnet_utils.labels import labels_to_multihot
+from chexnet_utils.nih import (
+    CSV_NAME,
+    TEST_LIST,
+    TRAIN_VAL_LIST,
+    DataFormatError,
+    ImageRecord,
+    NIHDataset,
+    write_data_entry,
+    write_split_list,
+)
+
+LABELS = ["No Finding", "Cardiomegaly", "Effusion|Mass", "Hernia", "Atelectasis|Pneumonia|Edema",
+          "No Finding", "Pleural_Thickening", "Infiltration|Nodule"]
+
+
+# --------------------------------------------------------------------------------------------
+# fixture helpers
+# --------------------------------------------------------------------------------------------
+
+def grey_image(i: int, size: int) -> np.ndarray:
+    """Noise plus a smooth disc: compresses like a radiograph, differs per image."""
+    rng = np.random.default_rng(i)
+    yy, xx = np.mgrid[:size, :size]
+    cx, cy, r = rng.uniform(size * 0.3, size * 0.7, 2).tolist() + [size * rng.uniform(0.15, 0.3)]
+    disc = np.clip(1.0 - np.hypot(xx - cx, yy - cy) / r, 0, 1) * 120
+    base = 60 + 40 * xx / size + rng.normal(0, 12, (size, size))
+    return np.clip(base + disc, 0, 255).astype(np.uint8)
+
+
+def make_dataset(root: Path, n_train_val: int = 24, n_test: int = 8, size: int = 64,
+                 first_patient: int = 1) -> tuple[Path, list[ImageRecord]]:
+    """An NIH-layout folder: CSV, split lists, ``images_001/images/*.png``."""
+    img_dir = root / "images_001" / "images"
+    img_dir.mkdir(parents=True)
+    records = []
+    n = n_train_val + n_test
+    for i in range(n):
+        name = f"{i + 1:08d}_000.png"
+        Image.fromarray(grey_image(i, size)).save(img_dir / name)
+        records.append(ImageRecord(name, LABELS[i % len(LABELS)], 0, first_patient + i // 2,
+                                   30 + i % 50, "MF"[i % 2], "PA", size, size, 0.143, 0.143))
+    # Test patients must not also be in train_val: test images are the last n_test, and
+    # n_train_val is even, so patient pairs never straddle the boundary.
+    assert n_train_val % 2 == 0
+    write_data_entry(root / CSV_NAME, records)
+    write_split_list(root / TRAIN_VAL_LIST, [r.image_index for r in records[:n_train_val]])
+    write_split_list(root / TEST_LIST, [r.image_index for r in records[n_train_val:]])
+    return root, records
+
+
+def image_path(root: Path, name: str) -> Path:
+    return root / "images_001" / "images" / name
+
+
+def png_bytes(im: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def read_all(out: Path) -> dict[str, dict]:
+    """Every record of every split via the pure reader: name -> fields (+ split, shard)."""
+    found: dict[str, dict] = {}
+    for split in T.SPLITS:
+        for shard in T.list_shards(out, split):
+            for ex in T.read_examples(shard):
+                assert ex["name"] not in found, f"{ex['name']} stored twice"
+                found[ex["name"]] = {**ex, "split": split, "shard": shard.name}
+    return found
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.tfrecord"))}
+
+
+@pytest.fixture(scope="module")
+def tf():
+    import tensorflow as tf
+
+    return tf
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    return make_dataset(tmp_path / "data")
+
+
+# --------------------------------------------------------------------------------------------
+# low level: CRC-32C, record framing, Example encoding
+# --------------------------------------------------------------------------------------------
+
+def test_crc32c_implementations_agree():
+    assert T.crc32c(b"123456789") == 0xE3069283
+    assert T._crc32c_python(b"123456789") == 0xE3069283
+    assert T._crc32c_python(b"") == 0
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 3, 4, 5, 255, 256, 257, 1000, 4095, 65536, 100_003):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert T._crc32c_numpy(data) == T.crc32c(data), n
+        if n <= 4096:
+            assert T._crc32c_python(data) == T.crc32c(data), n
+
+
+def test_examples_are_wire_compatible_with_tensorflow(tf):
+    label = labels_to_multihot("Effusion|Hernia")
+    ours = T.make_example(b"\x89PNG...", "png", 64, 48, label, "00000007_001.png", 123456789)
+    parsed = tf.train.Example.FromString(ours)
+    f = parsed.features.feature
+    assert f["image/encoded"].bytes_list.value == [b"\x89PNG..."]
+    assert f["image/format"].bytes_list.value == [b"png"]
+    assert (f["image/height"].int64_list.value, f["image/width"].int64_list.value) == ([64], [48])
+    assert list(f["label"].float_list.value) == label.tolist()
+    assert f["image/name"].bytes_list.value == [b"00000007_001.png"]
+    assert f["patient_id"].int64_list.value == [123456789]
+    # and the pure decoder reads what TensorFlow writes, negative int64 included
+    theirs = tf.train.Example(features=tf.train.Features(feature={
+        "a": tf.train.Feature(int64_list=tf.train.Int64List(value=[-5, 0, 2**40])),
+        "b": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5, -1.0])),
+        "c": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"x", b""])),
+    })).SerializeToString()
+    assert T.decode_example(theirs) == {"a": [-5, 0, 2**40], "b": [0.5, -1.0], "c": [b"x", b""]}
+
+
+def test_record_framing_read_by_tf_and_corruption_detected(tmp_path, tf):
+    path = tmp_path / "x.tfrecord"
+    records = [b"", b"a", os.urandom(70_000)]
+    T.write_records(path, records)
+    assert [r.numpy() for r in tf.data.TFRecordDataset(str(path))] == records
+    assert list(T.read_records(path)) == records
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="CRC"):
+        list(T.read_records(path))
+
+
+def test_module_import_does_not_import_tensorflow():
+    code = ("import sys, chexnet_utils.tfrecords as t; "
+            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; print(t.CRC32C_IMPLEMENTATION)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() in ("google_crc32c", "crc32c", "numpy")
+
+
+# --------------------------------------------------------------------------------------------
+# round trip, sharding, determinism
+# --------------------------------------------------------------------------------------------
+
+def test_round_trip_through_tf_data(dataset, tmp_path, tf):
+    root, records = dataset
+    out = tmp_path / "tfr"
+    result = T.convert_dataset(root, out, shard_size=7, workers=1, progress=False)
+    split = NIHDataset.load(root).split(0.1, 0)
+    assert result.counts == {k: len(v) for k, v in split.parts().items()}
+    assert result.num_images == len(records) and result.images_per_s > 0
+    by_name = {r.image_index: r for r in records}
+    seen = []
+    for part, recs in split.parts().items():
+        files = [str(p) for p in T.list_shards(out, part)]
+        ds = tf.data.TFRecordDataset(files).map(T.parse_example)
+        names = []
+        for ex in ds:
+            name = ex["name"].numpy().decode()
+            names.append(name)
+            rec = by_name[name]
+            assert ex["label"].dtype == tf.float32 and ex["label"].shape == (14,)
+            np.testing.assert_array_equal(ex["label"].numpy(), rec.labels)
+            assert int(ex["patient_id"]) == rec.patient_id
+            assert (int(ex["height"]), int(ex["width"])) == (64, 64)
+            assert ex["format"].numpy() == b"png"
+            # 8-bit grey PNG, no resize: the original bytes, untouched
+            src = image_path(root, name).read_bytes()
+            assert ex["image_bytes"].numpy() == src
+            img = T.decode_image(ex["image_bytes"])
+            assert img.dtype == tf.float32 and img.shape == (64, 64, 1)
+            np.testing.assert_array_equal(np.round(img.numpy()[..., 0] * 255).astype(np.uint8),
+                                          np.asarray(Image.open(image_path(root, name))))
+        assert names == [r.image_index for r in recs]  # CSV order within the part
+        seen += names
+    assert sorted(seen) == sorted(by_name)  # every image exactly once
+    # batched parsing with the same spec
+    batch = next(iter(tf.data.TFRecordDataset(
+        [str(p) for p in T.list_shards(out, "train")]).batch(5)))
+    assert tf.io.parse_example(batch, T.FEATURE_SPEC)["label"].shape == (5, 14)
+    parsed = T.parse_example(batch)
+    assert parsed["label"].shape == (5, 14) and parsed["name"].shape == (5,)
+    assert T.verify(out, root).ok
+
+
+def test_last_partial_shard_is_written_and_named(tmp_path):
+    root, records = make_dataset(tmp_path / "data", n_train_val=10, n_test=25)
+    out = tmp_path / "tfr"
+    result = T.convert_dataset(root, out, shard_size=10, workers=1, progress=False)
+    test_shards = T.list_shards(out, "test")
+    assert [p.name for p in test_shards] == [
+        "test-00000-of-00003.tfrecord", "test-00001-of-00003.tfrecord",
+        "test-00002-of-00003.tfrecord"]
+    assert [len(list(T.read_records(p))) for p in test_shards] == [10, 10, 5]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [s["count"] for s in manifest["shards"] if s["split"] == "test"] == [10, 10, 5]
+    names = [ex["name"] for p in test_shards for ex in T.read_examples(p)]
+    assert names == [r.image_index for r in records[10:]]  # contiguous blocks in CSV order
+    for p in out.glob("*.tfrecord"):
+        assert re.fullmatch(r"(train|val|test)-\d{5}-of-\d{5}\.tfrecord", p.name)
+    assert result.counts["test"] == 25
+
+
+def test_shard_mb_counts_shards_up_front(dataset, tmp_path):
+    root, records = dataset
+    out = tmp_path / "tfr"
+    total = sum(image_path(root, r.image_index).stat().st_size for r in records[24:])
+    target_mb = total / 3.5 / 1e6  # test part: ~3.5 targets -> 4 shards
+    T.convert_dataset(root, out, shard_mb=target_mb, workers=1, progress=False)
+    counts = [len(list(T.read_records(p))) for p in T.list_shards(out, "test")]
+    assert len(counts) == 4 and sum(counts) == 8 and max(counts) - min(counts) <= 1
+    assert T.verify(out, root).ok
+
+
+def test_byte_identical_across_runs_and_worker_counts(dataset, tmp_path):
+    root, _ = dataset
+    kw = dict(shard_size=6, image_size=48, progress=False)  # re-encode path
+    T.convert_dataset(root, tmp_path / "a", workers=1, **kw)
+    T.convert_dataset(root, tmp_path / "b", workers=1, **kw)
+    T.convert_dataset(root, tmp_path / "c", workers=2, **kw)
+    a = shard_bytes(tmp_path / "a")
+    assert len(a) >= 5
+    assert a == shard_bytes(tmp_path / "b") == shard_bytes(tmp_path / "c")
+    # pass-through path, too, and the manifest records the same checksums
+    T.convert_dataset(root, tmp_path / "d", workers=1, shard_size=6, progress=False)
+    T.convert_dataset(root, tmp_path / "e", workers=2, shard_size=6, progress=False)
+    assert shard_bytes(tmp_path / "d") == shard_bytes(tmp_path / "e")
+    md = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    me = json.loads((tmp_path / "e" / "manifest.json").read_text())
+    assert md["shards"] == me["shards"]
+
+
+def test_resize_and_jpeg(dataset, tmp_path, tf):
+    root, records = dataset
+    out = tmp_path / "tfr"
+    T.convert_dataset(root, out, image_size=32, encoding="jpeg", shard_size=50, workers=1,
+                      progress=False)
+    found = read_all(out)
+    assert len(found) == len(records)
+    for ex in found.values():
+        assert ex["format"] == "jpeg" and (ex["height"], ex["width"]) == (32, 32)
+        assert ex["image_bytes"][:2] == b"\xff\xd8"
+        with Image.open(io.BytesIO(ex["image_bytes"])) as im:
+            assert im.format == "JPEG" and im.size == (32, 32) and im.mode == "L"
+    first = next(iter(found.values()))
+    assert T.decode_image(first["image_bytes"]).shape == (32, 32, 1)
+    small = T.decode_image(first["image_bytes"], image_size=16)
+    assert small.shape == (16, 16, 1)
+    assert 0.0 <= float(tf.reduce_min(small)) <= float(tf.reduce_max(small)) <= 1.0
+    assert T.verify(out, root, decode_images=True).ok
+
+
+# --------------------------------------------------------------------------------------------
+# resume and parameter changes
+# --------------------------------------------------------------------------------------------
+
+def test_resume_after_crash_gives_identical_output(dataset, tmp_path, monkeypatch):
+    root, records = dataset
+    kw = dict(shard_size=5, workers=1, progress=False)
+    reference = tmp_path / "ref"
+    T.convert_dataset(root, reference, **kw)
+
+    out = tmp_path / "tfr"
+    real = T._write_shard
+    calls = []
+
+    def dying(task, progress=None):
+        if len(calls) == 2:
+            # leave a half-written temporary file behind, as a SIGKILL would
+            (Path(task["out_dir"]) / f"{task['file']}.tmp-99999").write_bytes(b"partial")
+            raise KeyboardInterrupt("killed")
+        calls.append(task["file"])
+        return real(task, progress)
+
+    monkeypatch.setattr(T, "_write_shard", dying)
+    with pytest.raises(KeyboardInterrupt):
+        T.convert_dataset(root, out, **kw)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not manifest["complete"]
+    assert [s["file"] for s in manifest["shards"] if s["done"]] == calls
+    assert not T.verify(out).ok
+    with pytest.raises(ValueError, match="complete set"):
+        T.list_shards(out, "train")
+
+    monkeypatch.setattr(T, "_write_shard", real)
+    (out / "train-00000-of-00004.tfrecord.tmp-12345").write_bytes(b"stray")
+    result = T.convert_dataset(root, out, **kw)
+    assert result.reused_shards == 2
+    assert result.written_shards == len(result.manifest["shards"]) - 2
+    assert not list(out.glob("*.tmp-*"))
+    assert shard_bytes(out) == shard_bytes(reference)
+    report = T.verify(out, root)
+    assert report.ok, report.problems
+    assert report.records == len(records)
+
+    # a damaged kept shard is rewritten on the next run, not trusted
+    victim = out / calls[0]
+    victim.write_bytes(victim.read_bytes()[:-1] + b"\x00")
+    result = T.convert_dataset(root, out, **kw)
+    assert result.written_shards == 1 and shard_bytes(out) == shard_bytes(reference)
+
+
+KILLABLE = """
+import sys, time
+from chexnet_utils import tfrecords as T
+real = T._write_shard
+
+def slow(task, progress=None):  # ~50 ms per image, so a kill lands mid-conversion
+    def tick(n):
+        time.sleep(0.05)
+    return real(task, tick)
+
+T._write_shard = slow
+T.convert_dataset(sys.argv[1], sys.argv[2], shard_size=4, workers=1, progress=False)
+"""
+
+
+def test_resume_after_sigkill(dataset, tmp_path):
+    import signal
+    import time
+
+    root, records = dataset
+    reference = tmp_path / "ref"
+    T.convert_dataset(root, reference, shard_size=4, workers=1, progress=False)
+    out = tmp_path / "tfr"
+    proc = subprocess.Popen([sys.executable, "-c", KILLABLE, str(root), str(out)])
+    try:
+        deadline = time.monotonic() + 30
+        done: list = []
+        while not done and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+            if (out / "manifest.json").exists():
+                done = [s for s in json.loads((out / "manifest.json").read_text())["shards"]
+                        if s["done"]]
+        time.sleep(0.08)  # into the next shard
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    manifest = json.loads((out / "manifest.json").read_text())
+    finished = [s["file"] for s in manifest["shards"] if s["done"]]
+    assert not manifest["complete"] and 1 <= len(finished) < len(manifest["shards"])
+
+    result = T.convert_dataset(root, out, shard_size=4, workers=2, progress=False)
+    assert result.reused_shards == len(finished)
+    assert not list(out.glob("*.tmp-*"))
+    assert shard_bytes(out) == shard_bytes(reference)
+    report = T.verify(out, root)
+    assert report.ok and report.records == len(records), report.problems
+
+
+def test_different_parameters_refused_unless_overwrite(dataset, tmp_path):
+    root, _ = dataset
+    out = tmp_path / "tfr"
+    T.convert_dataset(root, out, shard_size=10, workers=1, progress=False)
+    with pytest.raises(T.ConversionError, match="image_size"):
+        T.convert_dataset(root, out, shard_size=10, image_size=32, workers=1, progress=False)
+    with pytest.raises(T.ConversionError, match="shard_size"):
+        T.convert_dataset(root, out, shard_size=4, workers=1, progress=False)
+    result = T.convert_dataset(root, out, shard_size=4, image_size=32, workers=1,
+                               progress=False, overwrite=True)
+    assert result.written_shards == len(result.manifest["shards"])
+    assert all(len(list(T.read_records(p))) <= 4 for p in out.glob("*.tfrecord"))
+    assert T.verify(out, root).ok
+    # same parameters again: nothing to do
+    again = T.convert_dataset(root, out, shard_size=4, image_size=32, workers=1,
+                              progress=False)
+    assert again.written_shards == 0 and again.images_written == 0
+
+
+def test_shards_without_manifest_are_not_clobbered(dataset, tmp_path):
+    root, _ = dataset
+    out = tmp_path / "tfr"
+    out.mkdir()
+    (out / "train-00000-of-00001.tfrecord").write_bytes(b"someone else's")
+    with pytest.raises(T.ConversionError, match="no manifest"):
+        T.convert_dataset(root, out, workers=1, progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# bad input
+# --------------------------------------------------------------------------------------------
+
+def _damage(root: Path, records: list[ImageRecord], case: str) -> str:
+    """Break one image (in the train_val part) the way ``case`` says; returns its name."""
+    name = records[3].image_index
+    path = image_path(root, name)
+    data = path.read_bytes()
+    if case == "missing_file":
+        path.unlink()
+    elif case == "csv_row_without_image":
+        name = "00099999_000.png"  # a CSV row whose image was never unpacked
+        extra = ImageRecord(name, "Mass", 0, 99999, 40, "F", "PA", 64, 64, 0.1, 0.1)
+        write_data_entry(root / CSV_NAME, [*records, extra])
+        names = [r.image_index for r in records[:24]] + [name]
+        write_split_list(root / TRAIN_VAL_LIST, names)
+    elif case == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif case == "no_iend":
+        path.write_bytes(data[:-12])  # pixels complete, end of file lost
+    elif case == "garbage":
+        path.write_bytes(os.urandom(len(data)))
+    else:
+        raise AssertionError(case)
+    return name
+
+
+BAD_CASES = ["missing_file", "csv_row_without_image", "truncated", "no_iend", "garbage"]
+REASONS = {"missing_file": "missing", "csv_row_without_image": "missing",
+           "truncated": "truncated", "no_iend": "truncated|corrupt", "garbage": "unreadable"}
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_image_fails_naming_the_file(tmp_path, case):
+    root, records = make_dataset(tmp_path / "data")
+    name = _damage(root, records, case)
+    with pytest.raises(T.ConversionError) as err:
+        T.convert_dataset(root, tmp_path / "tfr", shard_size=5, workers=1, progress=False)
+    assert name in str(err.value)
+    assert re.search(REASONS[case], str(err.value))
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_image_skipped_and_listed(tmp_path, case):
+    root, records = make_dataset(tmp_path / "data")
+    name = _damage(root, records, case)
+    out = tmp_path / "tfr"
+    result = T.convert_dataset(root, out, shard_size=5, workers=1, on_error="skip",
+                               progress=False)
+    skipped = json.loads((out / "skipped.json").read_text())["skipped"]
+    assert [s["name"] for s in skipped] == [name]
+    assert re.search(REASONS[case], skipped[0]["reason"])
+    assert name in (out / "skipped.txt").read_text()
+    found = read_all(out)
+    expected = {r.image_index for r in records} - {name}
+    assert set(found) == expected  # nothing else lost
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["num_skipped"] == 1 and manifest["num_images"] == len(expected)
+    assert sum(s["count"] for s in manifest["shards"]) == len(expected)
+    assert result.skipped[0]["name"] == name
+    report = T.verify(out, root)
+    assert report.ok, report.problems
+
+
+def test_skip_validation_in_parallel_matches_serial(tmp_path):
+    root, records = make_dataset(tmp_path / "data")
+    _damage(root, records, "truncated")
+    kw = dict(shard_size=5, on_error="skip", progress=False)
+    T.convert_dataset(root, tmp_path / "a", workers=1, **kw)
+    T.convert_dataset(root, tmp_path / "b", workers=2, **kw)
+    assert shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "b")
+    assert (tmp_path / "a" / "skipped.json").read_text() == \
+        (tmp_path / "b" / "skipped.json").read_text()
+
+
+def test_bad_image_fails_in_a_worker_process(tmp_path):
+    root, records = make_dataset(tmp_path / "data")
+    name = _damage(root, records, "truncated")
+    with pytest.raises(T.ConversionError, match=re.escape(name)):
+        T.convert_dataset(root, tmp_path / "tfr", shard_size=5, workers=2, progress=False)
+    assert not list((tmp_path / "tfr").glob("*.tmp-*"))
+
+
+def _convertible(path: Path, case: str) -> np.ndarray:
+    """Rewrite ``path`` as RGBA / 16-bit / RGB; returns the 8-bit grey pixels expected."""
+    grey = np.asarray(Image.open(path))
+    if case == "rgba":
+        rgb = np.stack([grey, np.roll(grey, 1, axis=1), 255 - grey], axis=-1)
+        alpha = np.full(grey.shape + (1,), 200, np.uint8)
+        Image.fromarray(np.concatenate([rgb, alpha], -1), mode="RGBA").save(path)
+        return np.asarray(Image.fromarray(rgb, mode="RGB").convert("L"))
+    if case == "rgb":
+        rgb = np.stack([grey, np.roll(grey, 1, axis=0), grey // 2], axis=-1)
+        Image.fromarray(rgb, mode="RGB").save(path)
+        return np.asarray(Image.fromarray(rgb, mode="RGB").convert("L"))
+    if case == "i16":
+        wide = grey.astype(np.uint16) * 257 + np.arange(grey.size, dtype=np.uint16).reshape(
+            grey.shape) % 200
+        Image.fromarray(wide).save(path)  # a 16-bit greyscale PNG
+        with Image.open(path) as im:
+            assert im.mode == "I;16"
+        return ((wide.astype(np.int64) * 255 + 32767) // 65535).astype(np.uint8)
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+@pytest.mark.parametrize("case", ["rgba", "i16", "rgb"])
+def test_colour_and_16_bit_images_are_converted(tmp_path, case, on_error):
+    root, records = make_dataset(tmp_path / "data")
+    name = records[5].image_index
+    expected = _convertible(image_path(root, name), case)
+    out = tmp_path / "tfr"
+    result = T.convert_dataset(root, out, shard_size=8, workers=1, on_error=on_error,
+                               progress=False)
+    assert result.skipped == []
+    found = read_all(out)
+    assert len(found) == len(records)
+    with Image.open(io.BytesIO(found[name]["image_bytes"])) as im:
+        assert im.format == "PNG" and im.mode == "L"
+        np.testing.assert_array_equal(np.asarray(im), expected)
+    if case == "i16":  # scaled to the full 8-bit range, not clipped to white
+        assert 0 < expected.mean() < 250
+    # the untouched neighbours keep their original bytes
+    other = records[6].image_index
+    assert found[other]["image_bytes"] == image_path(root, other).read_bytes()
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_unknown_label_in_csv_is_always_fatal(tmp_path, on_error):
+    root, records = make_dataset(tmp_path / "data")
+    bad = list(records)
+    bad[4] = ImageRecord(bad[4].image_index, "Cardiomegaly|Pneumonitis", 0, bad[4].patient_id,
+                         40, "M", "PA")
+    write_data_entry(root / CSV_NAME, bad)
+    with pytest.raises(DataFormatError) as err:
+        T.convert_dataset(root, tmp_path / "tfr", workers=1, on_error=on_error, progress=False)
+    msg = str(err.value)
+    assert CSV_NAME in msg and "row 6" in msg and "Pneumonitis" in msg
+
+
+# --------------------------------------------------------------------------------------------
+# verify
+# --------------------------------------------------------------------------------------------
+
+def test_verify_detects_tampering_and_missing_shards(dataset, tmp_path):
+    root, records = dataset
+    out = tmp_path / "tfr"
+    T.convert_dataset(root, out, shard_size=5, workers=1, progress=False)
+    report = T.verify(out, root, decode_images=True)
+    assert report.ok and report.records == len(records) and "OK" in str(report)
+
+    shard = T.list_shards(out, "train")[1]
+    original = shard.read_bytes()
+    raw = bytearray(original)
+    raw[len(raw) // 2] ^= 0x01  # one bit inside an image
+    shard.write_bytes(bytes(raw))
+    report = T.verify(out)
+    assert not report.ok
+    assert any(shard.name in p and "sha256" in p for p in report.problems)
+    assert any("CRC" in p for p in report.problems)
+
+    shard.write_bytes(original)
+    assert T.verify(out).ok
+    shard.unlink()
+    report = T.verify(out, root)
+    assert not report.ok
+    assert any(shard.name in p and "missing" in p for p in report.problems)
+    assert any("not in any shard" in p for p in report.problems)
+
+    shard.write_bytes(original)
+    (out / "train-00000-of-00099.tfrecord").write_bytes(b"")
+    report = T.verify(out)
+    assert any("not in the manifest" in p for p in report.problems)
+
+
+def test_verify_detects_label_mismatch_with_source(dataset, tmp_path):
+    root, records = dataset
+    out = tmp_path / "tfr"
+    T.convert_dataset(root, out, shard_size=50, workers=1, progress=False)
+    changed = list(records)
+    r = changed[2]
+    changed[2] = ImageRecord(r.image_index, "Emphysema", r.follow_up, r.patient_id,
+                             r.patient_age, r.patient_gender, r.view_position)
+    write_data_entry(root / CSV_NAME, changed)
+    report = T.verify(out, root)
+    assert not report.ok
+    assert any(r.image_index in p and "label" in p for p in report.problems)
+
+
+def test_verify_without_manifest(tmp_path):
+    report = T.verify(tmp_path)
+    assert not report.ok and "manifest" in report.problems[0]
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+def test_cli_tfrecords_and_verify(dataset, tmp_path, capsys):
+    root, records = dataset
+    out = tmp_path / "tfr"
+    assert main(["tfrecords", "--data-dir", str(root), "--out", str(out), "--shard-size", "6",
+                 "--workers", "1", "--no-progress"]) == 0
+    assert f"{len(records)} images" in capsys.readouterr().out
+    assert main(["verify", "--tfrecords", str(out), "--data-dir", str(root)]) == 0
+    assert "OK" in capsys.readouterr().out
+
+    shard = T.list_shards(out, "test")[0]
+    raw = bytearray(shard.read_bytes())
+    raw[-10] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    assert main(["verify", "--tfrecords", str(out)]) == 1
+    assert shard.name in capsys.readouterr().out
+
+    # different parameters into the same folder: exit 2 with a message
+    assert main(["tfrecords", "--data-dir", str(root), "--out", str(out), "--shard-mb", "1",
+                 "--workers", "1", "--no-progress"]) == 2
+    assert "overwrite" in capsys.readouterr().err
+    assert main(["tfrecords", "--data-dir", str(root), "--out", str(out), "--image-size", "32",
+                 "--encoding", "jpeg", "--workers", "1", "--no-progress", "--overwrite"]) == 0
+    assert main(["verify", "--tfrecords", str(out), "--data-dir", str(root), "--decode"]) == 0
+
+
+def test_cli_bad_image_exit_codes(tmp_path, capsys):
+    root, records = make_dataset(tmp_path / "data")
+    name = _damage(root, records, "garbage")
+    out = tmp_path / "tfr"
+    args = ["tfrecords", "--data-dir", str(root), "--out", str(out), "--workers", "1",
+            "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and name in err
+    assert main([*args, "--on-error", "skip"]) == 0
+    assert "skipped" in capsys.readouterr().out
+    assert main(["verify", "--tfrecords", str(out), "--data-dir", str(root)]) == 0
+    with pytest.raises(SystemExit):
+        main(["tfrecords", "--data-dir", str(root), "--out", str(out), "--shard-size", "3",
+              "--shard-mb", "2"])
+
+
+def test_cli_as_module_with_worker_processes(dataset, tmp_path):
+    # spawn-started workers must not re-run ``python -m chexnet_utils``'s __main__
+    root, records = dataset
+    out = tmp_path / "tfr"
+    run = [sys.executable, "-m", "chexnet_utils"]
+    done = subprocess.run([*run, "tfrecords", "--data-dir", str(root), "--out", str(out),
+                           "--workers", "2", "--shard-size", "8", "--no-progress"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("images (") == 1
+    done = subprocess.run([*run, "verify", "--tfrecords", str(out), "--data-dir", str(root)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_list_shards(tmp_path):
+    assert T.list_shards(tmp_path, "val") == []
+    for i in (1, 0, 2):
+        (tmp_path / T.shard_name("val", i, 3)).write_bytes(b"")
+    (tmp_path / "validation-00000-of-00001.tfrecord").write_bytes(b"")
+    assert [p.name for p in T.list_shards(tmp_path, "val")] == [
+        f"val-0000{i}-of-00003.tfrecord" for i in range(3)]
+    (tmp_path / T.shard_name("val", 0, 5)).write_bytes(b"")
+    with pytest.raises(ValueError, match="complete set"):
+        T.list_shards(tmp_path, "val")
+    with pytest.raises(FileNotFoundError):
+        T.list_shards(tmp_path / "nope", "val")
