@@ -121,10 +121,29 @@ def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
         ceiling_images=args.ceiling_images, train_steps=args.train_steps,
         log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     print(format_bench(result))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
+    _write_json(args.json, result)
+    return 0
+
+
+def _write_json(path: Path | None, result: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {path}")
+
+
+def _cmd_bench_conversion(args: argparse.Namespace) -> int:
+    from chexnet_utils.config import work_dir
+    from chexnet_utils.tfrecords import bench_conversion, format_bench_conversion
+
+    sizes = [None if s in ("original", "none", "0") else int(s)
+             for s in args.image_sizes.split(",")]
+    workers = [int(w) for w in args.workers.split(",")] if args.workers else None
+    result = bench_conversion(args.data_dir, work_dir(), image_sizes=sizes, workers=workers,
+                              repeats=args.repeats, shard_size=args.shard_size,
+                              progress=not args.no_progress)
+    print(format_bench_conversion(result))
+    _write_json(args.json, result)
     return 0
 
 
@@ -201,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="store_true", help="also decode every stored image")
     p.set_defaults(handler=_cmd_verify)
 
-    p = sub.add_parser("bench", help="measurements (bench pipelines: old vs new tf.data)")
+    p = sub.add_parser("bench", help="measurements: bench pipelines | conversion")
     bench = p.add_subparsers(dest="bench_command", required=True)
     b = bench.add_parser("pipelines", help="old vs new input pipeline on converted TFRecords")
     b.add_argument("--tfrecords", type=Path, required=True, help="converted folder")
@@ -223,6 +242,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--train-steps", type=int, default=10, metavar="N",
                    help="timed training steps for the idle fractions (default 10)")
     b.set_defaults(handler=_cmd_bench_pipelines)
+
+    b = bench.add_parser("conversion", help="TFRecord conversion images/s, 1 vs all workers")
+    b.add_argument("--data-dir", type=Path, required=True, help="NIH-layout folder")
+    b.add_argument("--json", type=Path, default=None, help="write the results here")
+    b.add_argument("--image-sizes", default="original,320",
+                   help="comma list; 'original' stores the source bytes (default original,320)")
+    b.add_argument("--workers", default="", help="comma list (default: 1 and all cores)")
+    b.add_argument("--repeats", type=int, default=2, help="runs per setting (default 2)")
+    b.add_argument("--shard-size", type=int, default=32, help="images per shard (default 32)")
+    b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(handler=_cmd_bench_conversion)
     return parser
 
 

@@ -34,15 +34,19 @@ class Scale:
     epochs: int
     max_workers: int
     """Largest number of Horovod engines the notebooks start."""
+    shard_size: int | None
+    """Images per TFRecord shard (``None``: about 100 MB per shard, TF's usual advice)."""
 
 
 SCALES: dict[str, Scale] = {
     "ci": Scale("ci", n_images=600, source_size=1024, image_size=128, arch="small",
-                batch_size=16, epochs=3, max_workers=2),
+                batch_size=16, epochs=3, max_workers=2, shard_size=32),
     "workstation": Scale("workstation", n_images=6000, source_size=1024, image_size=224,
-                         arch="densenet121", batch_size=16, epochs=5, max_workers=4),
+                         arch="densenet121", batch_size=16, epochs=5, max_workers=4,
+                         shard_size=256),
     "gpu-node": Scale("gpu-node", n_images=20000, source_size=1024, image_size=224,
-                      arch="densenet121", batch_size=32, epochs=10, max_workers=8),
+                      arch="densenet121", batch_size=32, epochs=10, max_workers=8,
+                      shard_size=None),
 }
 
 

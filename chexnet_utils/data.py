@@ -7,7 +7,9 @@ in ``data/synthetic-<scale>/`` (and reused afterwards).
 
 from __future__ import annotations
 
-from chexnet_utils.config import Scale, data_dir, scale, using_real_data
+from pathlib import Path
+
+from chexnet_utils.config import Scale, data_dir, scale, using_real_data, work_dir
 from chexnet_utils.nih import NIHDataset
 
 SYNTHETIC_SEED = 0
@@ -23,3 +25,27 @@ def prepare_data(s: Scale | None = None, progress: bool = True) -> NIHDataset:
         ensure_dataset(root, n=s.n_images, size=s.source_size, seed=SYNTHETIC_SEED,
                        progress=progress)
     return NIHDataset.load(root)
+
+
+def tfrecords_dir(image_size: int | None = None) -> Path:
+    """Where :func:`prepare_tfrecords` puts shards: ``<work dir>/tfrecords-<px|full>``."""
+    return work_dir() / f"tfrecords-{image_size or 'full'}"
+
+
+def prepare_tfrecords(image_size: int | None = None, s: Scale | None = None,
+                      workers: int | None = None, progress: bool = True) -> Path:
+    """Convert the data set of :func:`prepare_data` to TFRecords once; reuse them afterwards.
+
+    ``image_size=None`` stores the original images (1024 px for NIH); an integer resizes at
+    conversion time. Shard size comes from the scale preset. A finished conversion with the
+    same parameters is detected from its manifest and reused as is (a few milliseconds); an
+    interrupted one resumes.
+    """
+    from chexnet_utils.tfrecords import convert_dataset
+
+    s = s or scale()
+    ds = prepare_data(s, progress=progress)
+    out = tfrecords_dir(image_size)
+    convert_dataset(ds.root, out, image_size=image_size, shard_size=s.shard_size,
+                    workers=workers, progress=progress)
+    return out

@@ -668,3 +668,23 @@ def test_list_shards(tmp_path):
         T.list_shards(tmp_path, "val")
     with pytest.raises(FileNotFoundError):
         T.list_shards(tmp_path / "nope", "val")
+
+
+def test_bench_conversion_cli_reports_every_setting(tmp_path, monkeypatch):
+    from chexnet_utils.cli import main
+
+    data = tmp_path / "data"
+    make_dataset(data, n_train_val=8, n_test=4, size=32)
+    monkeypatch.setenv("CHEXNET_WORK_DIR", str(tmp_path / "work"))
+    out = tmp_path / "bench.json"
+    assert main(["bench", "conversion", "--data-dir", str(data), "--json", str(out),
+                 "--image-sizes", "original,32", "--workers", "1,2", "--repeats", "1",
+                 "--shard-size", "4", "--no-progress"]) == 0
+    r = json.loads(out.read_text())
+    assert set(r["runs"]) == {"original", "32"}
+    for run in r["runs"].values():
+        assert set(run["mean_img_per_s"]) == {"1", "2"}
+        assert all(v > 0 for v in run["mean_img_per_s"].values())
+        assert run["speedup"] > 0
+    # every temporary conversion was removed
+    assert list((tmp_path / "work").iterdir()) == []
