@@ -17,21 +17,31 @@ from chexnet_utils.devices import cpu_thread_budget
 ROOT_SWITCHES = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
-def mpi_environment(n_procs: int = 1, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for processes started with ``mpirun``.
+def mpi_env_overrides(n_procs: int = 1, base: Mapping[str, str] | None = None
+                      ) -> dict[str, str]:
+    """Only the variables :func:`mpi_environment` adds to ``base`` (default ``os.environ``).
 
-    Copies ``base`` (default ``os.environ``); as root adds Open MPI's allow-root switches;
-    sets ``OMP_NUM_THREADS`` / TensorFlow thread counts to ``cores // n_procs`` unless the
-    caller set them already.
+    As root: Open MPI's allow-root switches. Always, unless ``base`` sets them already:
+    ``OMP_NUM_THREADS`` and TensorFlow's thread counts = ``cores // n_procs`` (the CPU
+    thread budget), and a quieter TensorFlow log.
     """
-    env = dict(os.environ if base is None else base)
+    base = os.environ if base is None else base
+    extra: dict[str, str] = {}
     if hasattr(os, "geteuid") and os.geteuid() == 0:
-        env.update(ROOT_SWITCHES)
+        extra.update(ROOT_SWITCHES)
     threads = str(cpu_thread_budget(n_procs))
-    env.setdefault("OMP_NUM_THREADS", threads)
-    env.setdefault("TF_NUM_INTRAOP_THREADS", threads)
-    env.setdefault("TF_NUM_INTEROP_THREADS", "1" if threads == "1" else "2")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    defaults = {"OMP_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads,
+                "TF_NUM_INTEROP_THREADS": "1" if threads == "1" else "2",
+                "TF_CPP_MIN_LOG_LEVEL": "2"}
+    extra.update({k: v for k, v in defaults.items() if k not in base})
+    return extra
+
+
+def mpi_environment(n_procs: int = 1, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for processes started with ``mpirun``: ``base`` plus
+    :func:`mpi_env_overrides` (root-safe Open MPI, per-process thread budget)."""
+    env = dict(os.environ if base is None else base)
+    env.update(mpi_env_overrides(n_procs, env))
     return env
 
 
@@ -140,3 +150,283 @@ def run_mpi_json(n_procs: int, argv: Sequence[str], timeout: float = 300,
         raise RuntimeError(f"mpirun exited with {out.returncode}:\n{out.stderr[-3000:]}")
     objs = json_objects(out.stdout)
     return sorted(objs, key=lambda o: int(o.get("rank", 0)))  # type: ignore[call-overload]
+
+
+# ---------------------------------------------------------------------------------------
+# ipyparallel MPI engines driven from a notebook
+# ---------------------------------------------------------------------------------------
+
+
+def _mpi_rank() -> int:
+    """This process's MPI rank from the launcher's environment (Open MPI, MPICH, Slurm)."""
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+class EngineFailure(RuntimeError):
+    """An engine (or the whole MPI job) died, or a task ran past its time limit."""
+
+
+class MPICluster:
+    """An ipyparallel cluster of ``n`` MPI engines (one ``mpiexec``), torn down for sure.
+
+    Use it as a context manager::
+
+        with MPICluster(n=2) as cluster:
+            ranks = cluster.run(rank_info)          # runs on every engine, sorted by rank
+
+    * The controller listens on **loopback** (``127.0.0.1``) unless you name an interface
+      (``controller_ip="0.0.0.0"`` or an address, and ``location=`` the address engines
+      should use); its connection files live in a private folder (mode 0700, files 0600)
+      that is deleted at teardown.
+    * As root, Open MPI's allow-root switches are set for ``mpiexec``; every engine gets a
+      CPU thread budget of ``cores // n`` (see :func:`mpi_env_overrides`).
+    * ``map_by`` / ``bind_to`` / ``hostfile`` / ``mpi_args`` go to ``mpiexec`` unchanged
+      (``--map-by socket`` was the best mapping on the articles' C4140 nodes).
+    * Teardown (``stop()``, the end of a ``with`` block, an exception or an interrupted
+      cell) stops the engines and controller, waits for every process the cluster started
+      (controller, ``mpiexec``, engines and their nanny processes) to exit, and kills the
+      stragglers after ``stop_timeout`` seconds.
+    """
+
+    def __init__(self, n: int = 2, *, map_by: str | None = None, bind_to: str | None = None,
+                 hostfile: str | None = None, mpi_args: Sequence[str] = (),
+                 controller_ip: str = "127.0.0.1", location: str | None = None,
+                 engine_timeout: float = 60, stop_timeout: float = 10,
+                 env: Mapping[str, str] | None = None, oversubscribe: bool | None = None
+                 ) -> None:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        self.n = n
+        self.map_by, self.bind_to, self.hostfile = map_by, bind_to, hostfile
+        self.mpi_args = list(mpi_args)
+        self.controller_ip, self.location = controller_ip, location
+        self.engine_timeout, self.stop_timeout = engine_timeout, stop_timeout
+        self.env = dict(env or {})
+        from chexnet_utils.devices import usable_cores
+
+        self.oversubscribe = (n > usable_cores() and hostfile is None
+                              if oversubscribe is None else oversubscribe)
+        self.cluster = None
+        self.client = None
+        self.view = None
+        self.engine_pids: list[int] = []
+        self._ranks: list[int] = []
+        self.last_outputs: list[str] = []
+        self._tracked: set[int] = set()
+        self._profile_dir: str | None = None
+        self.start_seconds: float | None = None
+        self.stop_seconds: float | None = None
+
+    # -- life cycle -----------------------------------------------------------------------
+    def _mpiexec_args(self) -> list[str]:
+        args: list[str] = []
+        if self.map_by:
+            args += ["--map-by", self.map_by]
+        if self.bind_to:
+            args += ["--bind-to", self.bind_to]
+        if self.hostfile:
+            args += ["--hostfile", self.hostfile]
+        if self.oversubscribe:
+            args += ["--oversubscribe"]
+        if self.hostfile is None and self.controller_ip.startswith("127."):
+            # One machine: ranks talk through shared memory (no TCP transport listening on
+            # the network) and the runtime's own traffic stays on loopback. Open MPI 4.1's
+            # mpiexec still opens an out-of-band listener on all interfaces (no setting
+            # binds it to one address): firewall it on shared machines.
+            args += ["--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
+        return args + self.mpi_args
+
+    def start(self) -> "MPICluster":
+        """Start the controller and the MPI engines; wait until all ``n`` engines are up."""
+        import tempfile
+        import time
+
+        import ipyparallel as ipp
+        from traitlets.config import Config
+
+        if self.cluster is not None:
+            raise RuntimeError("cluster already started")
+        t0 = time.perf_counter()
+        self._profile_dir = tempfile.mkdtemp(prefix="chexnet-ipp-")  # mode 0700
+        os.chmod(self._profile_dir, 0o700)
+        cfg = Config()
+        env = mpi_env_overrides(self.n)
+        env.update(self.env)
+        cfg.MPIEngineSetLauncher.mpi_args = self._mpiexec_args()
+        cfg.MPIEngineSetLauncher.environment = env
+        cfg.LocalControllerLauncher.environment = env
+        self.cluster = ipp.Cluster(
+            engines="mpi", n=self.n, profile_dir=self._profile_dir, config=cfg,
+            controller_ip=self.controller_ip, engine_timeout=int(self.engine_timeout),
+            shutdown_atexit=True, log_level=40,
+            **({"controller_location": self.location} if self.location else {}))
+        try:
+            self.client = self.cluster.start_and_connect_sync()
+            self._secure_connection_files()
+            # cloudpickle: functions and closures defined in a notebook travel by value
+            self.client[:].use_cloudpickle()
+            self.view = self.client.broadcast_view()
+            self.view.block = True
+            self.engine_pids = list(self.view.apply_sync(os.getpid))
+            self._ranks = [int(r) for r in self.view.apply_sync(_mpi_rank)]
+            self._track_processes()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.perf_counter() - t0
+        return self
+
+    def _secure_connection_files(self) -> None:
+        assert self._profile_dir is not None
+        for root, _dirs, files in os.walk(self._profile_dir):
+            for name in files:
+                if name.endswith(".json"):
+                    os.chmod(os.path.join(root, name), 0o600)
+
+    def _launcher_pids(self) -> list[int]:
+        pids = []
+        if self.cluster is not None:
+            launchers = [self.cluster.controller, *self.cluster.engines.values()]
+            for launcher in launchers:
+                pid = getattr(launcher, "pid", None)
+                if pid:
+                    pids.append(int(pid))
+        return pids
+
+    def _track_processes(self) -> None:
+        """Remember every process the cluster started: launchers and all their children."""
+        import psutil
+
+        for pid in [*self._launcher_pids(), *self.engine_pids]:
+            self._tracked.add(pid)
+            try:
+                self._tracked.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+
+    def pids(self) -> set[int]:
+        """Pids of every process this cluster started (for checks that nothing is left)."""
+        self._track_processes()
+        return set(self._tracked)
+
+    def stop(self) -> None:
+        """Stop engines and controller; wait for all their processes; kill stragglers."""
+        import shutil
+        import time
+
+        import psutil
+
+        t0 = time.perf_counter()
+        if self.cluster is not None:
+            try:
+                self._track_processes()
+            except Exception:
+                pass
+            if self.client is not None:
+                try:
+                    self.client.close()
+                except Exception:
+                    pass
+            try:
+                self.cluster.stop_cluster_sync()
+            except Exception:
+                pass
+        procs = []
+        for pid in self._tracked:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        _gone, alive = psutil.wait_procs(procs, timeout=self.stop_timeout)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        if self._profile_dir:
+            shutil.rmtree(self._profile_dir, ignore_errors=True)
+        self.cluster = self.client = self.view = None
+        self.stop_seconds = time.perf_counter() - t0
+
+    def __enter__(self) -> "MPICluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- running work ----------------------------------------------------------------------
+    def _engines_alive(self) -> bool:
+        if self.cluster is None:
+            return False
+        import psutil
+
+        for pid in self.engine_pids:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.NoSuchProcess:
+                return False
+        return all(getattr(es, "running", True) for es in self.cluster.engines.values())
+
+    def run(self, fn, *args, timeout: float | None = None, stream_rank0: bool = True,
+            poll: float = 0.5, **kwargs):  # noqa: ANN001, ANN201
+        """Run ``fn(*args, **kwargs)`` on every engine; return the results in rank order.
+
+        Engines are in MPI rank order (an MPI engine's id is its rank). With
+        ``stream_rank0`` the output that rank 0 prints appears here while it runs; the other
+        ranks' output is not shown (many progress bars would flood Jupyter's IOPub channel)
+        and is kept in ``self.last_outputs``.
+
+        Raises :class:`EngineFailure` when an engine process dies (the whole MPI job is then
+        lost: Open MPI ends every rank when one dies) or after ``timeout`` seconds, instead
+        of waiting forever for a collective that can no longer complete.
+        """
+        import sys
+        import time
+
+        if self.view is None:
+            raise RuntimeError("cluster is not running: use it in a with block or call start()")
+        ar = self.view.apply_async(fn, *args, **kwargs)
+        t0 = time.perf_counter()
+        shown = 0
+        rank0 = self._ranks.index(0) if 0 in self._ranks else 0
+        order = sorted(range(len(self._ranks)), key=self._ranks.__getitem__)
+        try:
+            while not ar.ready():
+                ar.wait(poll)
+                if stream_rank0:
+                    out = ar.stdout[rank0] if ar.stdout else ""
+                    if len(out) > shown:
+                        sys.stdout.write(out[shown:])
+                        sys.stdout.flush()
+                        shown = len(out)
+                if not ar.ready() and not self._engines_alive():
+                    ar.wait(2 * poll)  # let a last error message arrive
+                    if not ar.ready():
+                        raise EngineFailure(
+                            f"an MPI engine died while running {getattr(fn, '__name__', fn)}; "
+                            "the MPI job cannot continue (tear the cluster down and start a "
+                            "new one; training resumes from the last checkpoint)")
+                if timeout is not None and time.perf_counter() - t0 > timeout:
+                    raise EngineFailure(f"{getattr(fn, '__name__', fn)} did not finish within "
+                                        f"{timeout:.0f} s on {self.n} engines")
+            if stream_rank0 and ar.stdout and len(ar.stdout[rank0]) > shown:
+                sys.stdout.write(ar.stdout[rank0][shown:])
+            self.last_outputs = [ar.stdout[i] for i in order]
+            try:
+                results = list(ar.get())
+                return [results[i] for i in order] if len(order) == len(results) else results
+            except Exception as e:
+                if "EngineError" in type(e).__name__ or "died" in str(e):
+                    raise EngineFailure(f"an engine died: {e}") from e
+                raise
+        except KeyboardInterrupt:
+            try:
+                ar.abort()
+            except Exception:
+                pass
+            raise
