@@ -13,6 +13,8 @@ Commands
                exit 1 when anything does not match
 ``bench``      measurements: ``bench pipelines`` times the old vs the new tf.data input
                pipeline on converted TFRecords and writes the numbers as JSON
+``train``      train CheXNet (or the small CPU model) on converted TFRecords; writes
+               checkpoints, logs and metrics.json, prints the test mean AUROC
 """
 
 from __future__ import annotations
@@ -147,6 +149,21 @@ def _cmd_bench_conversion(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from chexnet_utils.training import TrainConfig, train
+
+    cfg = TrainConfig(tfrecords=args.tfrecords, out_dir=args.out, arch=args.arch,
+                      image_size=args.image_size, batch_size=args.batch_size,
+                      epochs=args.epochs, learning_rate=args.lr, pipeline=args.pipeline,
+                      seed=args.seed, resume=args.resume, steps_per_epoch=args.steps_per_epoch,
+                      weights=str(args.weights) if args.weights else None,
+                      verbose=0 if args.quiet else 2)
+    result = train(cfg)
+    print(f"mean AUROC {result.mean_auroc:.4f} (test, best epoch {result.best_epoch} of "
+          f"{result.epochs}); {result.img_per_s:.1f} img/s; metrics: {result.metrics_path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(prog="python -m chexnet_utils", description=__doc__,
@@ -253,6 +270,31 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--shard-size", type=int, default=32, help="images per shard (default 32)")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(handler=_cmd_bench_conversion)
+
+    p = sub.add_parser("train", help="train CheXNet on converted TFRecords, write metrics.json")
+    p.add_argument("--tfrecords", type=Path, required=True, help="converted folder")
+    p.add_argument("--arch", required=True, choices=("densenet121", "resnet50", "small"),
+                   help="densenet121 (CheXNet), resnet50, or small (a CPU-sized CNN)")
+    p.add_argument("--epochs", type=int, required=True, metavar="N",
+                   help="total epochs (a resumed run continues up to N)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="output folder: checkpoints/, log.csv, tensorboard/, metrics.json")
+    p.add_argument("--image-size", type=int, default=128, metavar="PX",
+                   help="model input side (default 128; CheXNet: 224)")
+    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="default 16")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    p.add_argument("--pipeline", choices=("new", "old"), default="new",
+                   help="training input pipeline (default new)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the last checkpoint in --out (if there is one)")
+    p.add_argument("--steps-per-epoch", type=int, default=None, metavar="N",
+                   help="default: train images // batch size")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weights", type=Path, default=None, metavar="FILE",
+                   help="initial weights: ImageNet '*_notop.h5' of keras-applications (copied "
+                        "from a machine with internet) or a '.weights.h5' file")
+    p.add_argument("--quiet", action="store_true", help="no per-epoch progress lines")
+    p.set_defaults(handler=_cmd_train)
     return parser
 
 

@@ -1,0 +1,723 @@
+"""Train CheXNet on converted TFRecords: one :func:`train` for the notebook, the CLI and Horovod.
+
+::
+
+    from chexnet_utils.training import TrainConfig, train
+    result = train(TrainConfig(tfrecords="build/tfrecords-128", out_dir="build/run-small",
+                               arch="small", image_size=128, epochs=10))
+    result.mean_auroc, result.img_per_s
+
+What one call does
+------------------
+1. Reads the TFRecords manifest: image counts per split and the training label sums (for the
+   class weights of the loss and the default ``steps_per_epoch``).
+2. Builds the model (:func:`chexnet_utils.models.build_chexnet`), or with ``resume=True`` loads
+   the last checkpoint (weights, optimizer state, learning rate) and continues with the epoch
+   after the last finished one.
+3. Trains with ``model.fit`` on :func:`chexnet_utils.pipelines.new_approach` (or the old
+   approach, ``pipeline="old"``) over the ``train`` shards: Adam, CheXNet's weighted binary
+   cross-entropy (:class:`~chexnet_utils.models.WeightedBCE`), ``ReduceLROnPlateau`` (factor
+   0.1). After every epoch the whole validation split is predicted and its exact per-class
+   AUROC computed with numpy; the best epoch by validation mean AUROC is kept.
+4. Evaluates the best weights on the test split and writes ``metrics.json``.
+
+Files in ``out_dir``::
+
+    checkpoints/last.keras        model + optimizer after the last finished epoch (resume)
+    checkpoints/state.json        epoch, best score, LR-plateau state, per-epoch history
+    checkpoints/best.weights.h5   weights of the best epoch (build_chexnet(weights=...) loads it)
+    log.csv                       one row per epoch (appended to on resume)
+    tensorboard/                  TensorBoard logs (``tensorboard --logdir OUT/tensorboard``)
+    metrics.json                  test AUROC per class and mean, img/s, timing, config, history
+
+Throughput (``img_per_s``) counts training images over the wall time of the training epochs
+only (validation, checkpoints and test evaluation excluded). When this call runs more than one
+epoch, its first epoch is left out: it includes tracing the ``tf.function`` and filling the
+input pipeline. With a single epoch that epoch is all there is, warm-up included.
+
+Data parallelism (Horovod) slots in here
+----------------------------------------
+``distributed=True`` is reserved for the Horovod version of this function. Everything that
+depends on the process's place in the job is already isolated:
+
+* :func:`_world` gives ``(rank, size)``, ``(0, 1)`` when not distributed;
+* the training pipeline gets ``num_workers=size, worker_index=rank`` (file-level sharding);
+  ``steps_per_epoch`` defaults to ``train images // (batch_size * size)``;
+* :func:`_gradient_reducer` is the ``grads -> grads`` function the model's ``train_step``
+  applies before the optimizer (:attr:`chexnet_utils.models.ChexNet.gradient_reducer`):
+  ``None`` here, ``lambda g: hvd.grouped_allreduce(g, op=hvd.Average)`` under Horovod
+  (``hvd.DistributedGradientTape`` does not work with Keras 3 variables);
+* :func:`_broadcast_initial_state` runs once before the first step (after the optimizer is
+  built), where Horovod broadcasts rank 0's model and optimizer variables;
+* :func:`_scaled_learning_rate` multiplies the learning rate by ``size`` (``scale_lr``);
+* only rank 0 writes checkpoints, logs and ``metrics.json``, prints progress, and evaluates
+  the test split. Every rank evaluates the whole (small) validation split, so the
+  learning-rate schedule and the best-epoch decision are identical on all ranks without
+  an extra collective.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from chexnet_utils.labels import NUM_CLASSES, PATHOLOGIES
+from chexnet_utils.models import (
+    ARCHITECTURES,
+    CHEXNET_PAPER_MEAN_AUROC,
+    mean_auroc,
+    per_class_auroc,
+)
+from chexnet_utils.pipelines import DEFAULT_SHUFFLE_BUFFER
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "METRICS_NAME",
+    "TrainConfig",
+    "TrainResult",
+    "load_checkpoint",
+    "predict_split",
+    "read_csv_log",
+    "train",
+    "training_label_sums",
+]
+
+CHECKPOINT_DIR = "checkpoints"
+LAST_NAME = "last.keras"
+BEST_NAME = "best.weights.h5"
+STATE_NAME = "state.json"
+CSV_NAME = "log.csv"
+TENSORBOARD_DIR = "tensorboard"
+METRICS_NAME = "metrics.json"
+STATE_FORMAT = "chexnet_utils.training/1"
+
+PIPELINES = ("new", "old")
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration and result
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs. Defaults: the ``ci`` scale (``small`` at 128 px)."""
+
+    tfrecords: Path | str
+    """A folder converted by :func:`chexnet_utils.tfrecords.convert_dataset` (or
+    :func:`chexnet_utils.data.prepare_tfrecords`). Pre-resized shards (``image_size`` at
+    conversion) train much faster on a CPU than 1024 px ones: decoding a 1024 px PNG costs
+    ~10 ms."""
+    out_dir: Path | str
+    """Checkpoints, logs and ``metrics.json`` go here (created)."""
+    arch: str = "small"
+    """``densenet121`` (CheXNet), ``resnet50`` or ``small`` (see ``build_chexnet``)."""
+    image_size: int = 128
+    batch_size: int = 16
+    """Per-worker batch size (CheXNet: 16)."""
+    epochs: int = 10
+    """Total epochs; on resume, training continues up to this number. (``small`` at 128 px
+    on the 600-image CI data: test mean AUROC ~0.82 after 2 epochs, ~0.90 after 10.)"""
+    learning_rate: float = 1e-3
+    """Adam's initial learning rate (CheXNet: 1e-3), per worker before ``scale_lr``."""
+    pipeline: str = "new"
+    """Training input: ``"new"`` or ``"old"`` (:mod:`chexnet_utils.pipelines`). Validation and
+    test always use the new approach in evaluation mode."""
+    seed: int = 0
+    """Seeds Python, numpy and TensorFlow (``keras.utils.set_random_seed``), the shuffles and
+    the flips. Runs are repeatable in distribution, not bit for bit: the new pipeline lets a
+    fast image overtake a slow one (``deterministic=False``)."""
+    resume: bool = False
+    """Continue from ``out_dir/checkpoints`` if a checkpoint is there (else start afresh)."""
+    steps_per_epoch: int | None = None
+    """``None``: ``train images // (batch_size * world size)`` from the manifest."""
+    validate: bool = True
+    """Predict the val split after every epoch (val loss and AUROC, best checkpoint)."""
+    evaluate_test: bool = True
+    """Evaluate the best weights on the test split at the end."""
+    weights: str | None = None
+    """Initial weights file (``build_chexnet(weights=...)``): ImageNet ``*_notop.h5`` or a
+    ``.weights.h5``. Ignored when resuming from a checkpoint."""
+    distributed: bool = False
+    """Reserved for Horovod (see the module docstring); must be ``False`` for now."""
+    scale_lr: bool = True
+    """Multiply the learning rate by the number of workers when distributed."""
+    plateau_monitor: str = "val_loss"
+    """What ``ReduceLROnPlateau`` watches: ``val_loss`` (smoother on small val splits) or
+    ``val_mean_auroc`` (watched for a rise). Without validation: the training ``loss``."""
+    plateau_patience: int = 2
+    plateau_factor: float = 0.1
+    min_lr: float = 1e-6
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
+    antialias: bool = False
+    """Antialiased resize in the pipelines (see ``pipelines.decode_resize``)."""
+    tensorboard: bool = True
+    profile_batch: int | tuple[int, int] = 0
+    """TensorBoard profiler: ``0`` off, ``(first, last)`` traces those batches."""
+    verbose: int = 2
+    """``model.fit`` verbosity on rank 0 (2: one line per epoch; 0: silent)."""
+
+    def __post_init__(self) -> None:
+        self.tfrecords = Path(self.tfrecords)
+        self.out_dir = Path(self.out_dir)
+        if self.weights is not None:
+            self.weights = str(self.weights)
+        if isinstance(self.profile_batch, list):
+            self.profile_batch = tuple(self.profile_batch)  # type: ignore[assignment]
+
+    def validate_values(self) -> None:
+        """Raise ``ValueError`` for values that cannot work."""
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {self.arch!r}")
+        if self.pipeline not in PIPELINES:
+            raise ValueError(f"pipeline must be 'new' or 'old', got {self.pipeline!r}")
+        for name in ("image_size", "batch_size", "epochs"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.image_size < 32:
+            raise ValueError(f"image_size must be >= 32, got {self.image_size}")
+        if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
+            raise ValueError(f"steps_per_epoch must be >= 1, got {self.steps_per_epoch}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not 0 < self.plateau_factor < 1:
+            raise ValueError(f"plateau_factor must be in (0, 1), got {self.plateau_factor}")
+        if self.plateau_monitor not in ("val_loss", "val_mean_auroc", "loss"):
+            raise ValueError("plateau_monitor must be 'val_loss', 'val_mean_auroc' or 'loss', "
+                             f"got {self.plateau_monitor!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly copy (paths as strings)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["tfrecords"] = str(self.tfrecords)
+        d["out_dir"] = str(self.out_dir)
+        if isinstance(d["profile_batch"], tuple):
+            d["profile_batch"] = list(d["profile_batch"])
+        return d
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns (rank 0 has the test figures; other ranks get NaN)."""
+
+    mean_auroc: float
+    """Test mean AUROC of the best weights over the classes present in the test split."""
+    per_class_auroc: dict[str, float]
+    """Test AUROC per pathology (NaN: the test split lacks positives or negatives)."""
+    img_per_s: float
+    """Training images/s over all workers (see the module docstring for what is timed)."""
+    epochs: int
+    """Epochs finished in total (including those before a resume)."""
+    initial_epoch: int
+    """Epochs already finished when this call started (0 unless resumed)."""
+    best_epoch: int | None
+    """1-based epoch whose weights were evaluated on the test split."""
+    best_val_mean_auroc: float
+    history: dict[str, list[float]]
+    """Per-epoch logs of the whole run (all calls, across resumes): ``loss``, ``mean_auroc``
+    (Keras' estimate on training batches), ``val_loss``, ``val_mean_auroc``,
+    ``learning_rate``, ``epoch_s``."""
+    timing: dict[str, Any]
+    out_dir: Path
+    metrics_path: Path | None
+    model: Any = field(default=None, repr=False)
+    """The trained model with the best weights loaded."""
+    test_loss: float = math.nan
+
+
+# --------------------------------------------------------------------------------------------
+# The data-parallel seams (Horovod fills these in; see the module docstring)
+# --------------------------------------------------------------------------------------------
+
+def _world(distributed: bool = False) -> tuple[int, int]:
+    """``(rank, size)`` of this process in the training job: ``(0, 1)`` when not distributed.
+
+    Horovod: ``hvd.init(); return hvd.rank(), hvd.size()``.
+    """
+    if not distributed:
+        return 0, 1
+    raise NotImplementedError(
+        "distributed=True is reserved for the Horovod integration: chexnet_utils.training."
+        "_world, _gradient_reducer and _broadcast_initial_state are the places it plugs in")
+
+
+def _gradient_reducer(distributed: bool = False) -> Callable[[list[Any]], list[Any]] | None:
+    """The ``grads -> grads`` function of the model's ``train_step`` (``None``: identity).
+
+    Horovod: ``lambda grads: hvd.grouped_allreduce(grads, op=hvd.Average)``.
+    """
+    return None
+
+
+def _broadcast_initial_state(model: keras.Model, distributed: bool = False) -> None:
+    """Make every worker start from rank 0's variables (model and optimizer). Called once,
+    after the optimizer is built and before the first step. No-op when not distributed.
+
+    Horovod: ``hvd.broadcast_variables(model.variables + model.optimizer.variables, 0)``.
+    """
+    return None
+
+
+def _scaled_learning_rate(lr: float, size: int, scale: bool) -> float:
+    """Linear scaling rule (Goyal et al. 2017): ``lr * size`` for ``size`` workers."""
+    return lr * size if scale else lr
+
+
+# --------------------------------------------------------------------------------------------
+# Data helpers
+# --------------------------------------------------------------------------------------------
+
+def training_label_sums(tfrecords_dir: Path | str, split: str = "train"
+                        ) -> tuple[np.ndarray, int]:
+    """Per-class positive counts and the image count of a split, from the manifest.
+
+    Uses the split totals, or sums the per-shard ``label_sums`` when the totals are absent.
+    """
+    from chexnet_utils.tfrecords import load_manifest
+
+    manifest = load_manifest(tfrecords_dir)
+    info = manifest.get("splits", {}).get(split)
+    if info and "label_sums" in info:
+        sums = np.asarray(info["label_sums"], dtype=np.float64)
+        n = int(info["images"])
+    else:
+        shards = [s for s in manifest.get("shards", []) if s.get("split") == split]
+        sums = np.sum([s["label_sums"] for s in shards], axis=0) if shards else np.zeros(
+            NUM_CLASSES)
+        n = int(sum(s["count"] for s in shards))
+    if sums.shape != (NUM_CLASSES,):
+        raise ValueError(f"{tfrecords_dir}: manifest label sums have shape {sums.shape}")
+    return sums, n
+
+
+def _split_counts(tfrecords_dir: Path) -> dict[str, int]:
+    from chexnet_utils.tfrecords import load_manifest
+
+    splits = load_manifest(tfrecords_dir).get("splits", {})
+    return {name: int(info.get("images", 0)) for name, info in splits.items()}
+
+
+def _eval_dataset(files: Sequence[Path], batch_size: int, image_size: int,
+                  antialias: bool) -> tf.data.Dataset:
+    from chexnet_utils.pipelines import new_approach
+
+    return new_approach(files, batch_size, image_size, training=False, antialias=antialias)
+
+
+def predict_split(model: keras.Model, dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """``(y_true, y_score)`` over one pass of an evaluation dataset of ``(image, label)``.
+
+    Labels and predictions are collected batch by batch in the same pass, so they stay aligned
+    even though the pipeline may reorder images (``deterministic=False``).
+    """
+    ys: list[np.ndarray] = []
+    ps: list[np.ndarray] = []
+    for batch in dataset:
+        x, y = batch[0], batch[1]
+        ps.append(np.asarray(model.predict_on_batch(x), dtype=np.float64))
+        ys.append(np.asarray(y, dtype=np.float64))
+    if not ys:
+        return np.zeros((0, NUM_CLASSES)), np.zeros((0, NUM_CLASSES))
+    return np.concatenate(ys), np.concatenate(ps)
+
+
+def _loss_value(loss_fn: Any, y_true: np.ndarray, y_score: np.ndarray) -> float:
+    if len(y_true) == 0:
+        return math.nan
+    return float(np.asarray(loss_fn(y_true.astype(np.float32), y_score.astype(np.float32))))
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------
+
+def _json_safe(obj: Any) -> Any:
+    """NaN/inf -> None and numpy scalars -> Python, recursively (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def _nan_if_none(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(_json_safe(obj), indent=2, allow_nan=False) + "\n",
+                   encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _read_state(ckpt_dir: Path) -> dict[str, Any] | None:
+    state_path = ckpt_dir / STATE_NAME
+    if not (state_path.is_file() and (ckpt_dir / LAST_NAME).is_file()):
+        return None
+    state = json.loads(state_path.read_text(encoding="utf-8"))
+    if state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{state_path}: not a checkpoint state written by {__name__}")
+    return state
+
+
+def load_checkpoint(out_dir: Path | str) -> tuple[keras.Model, dict[str, Any]]:
+    """The last checkpoint of a run: ``(model with optimizer state, state dict)``.
+
+    ``state["epoch"]`` is the number of finished epochs; training resumes at that (0-based)
+    epoch index. Raises ``FileNotFoundError`` when there is no checkpoint.
+    """
+    import keras
+
+    from chexnet_utils.models import custom_objects
+
+    ckpt_dir = Path(out_dir) / CHECKPOINT_DIR
+    state = _read_state(ckpt_dir)
+    if state is None:
+        raise FileNotFoundError(f"{ckpt_dir}: no checkpoint ({LAST_NAME} + {STATE_NAME})")
+    model = keras.saving.load_model(ckpt_dir / LAST_NAME, custom_objects=custom_objects(),
+                                    compile=True)
+    return model, state
+
+
+# --------------------------------------------------------------------------------------------
+# Callbacks (created lazily so that importing this module does not import Keras)
+# --------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def _callback_classes() -> dict[str, type]:
+    import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        """Wall time of each epoch's training steps (first in the callback list, so it stops
+        before validation and checkpointing)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.records: list[tuple[int, float]] = []
+            self._t0 = 0.0
+
+        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            self._t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            seconds = time.perf_counter() - self._t0
+            self.records.append((epoch, seconds))
+            if logs is not None:
+                logs["epoch_s"] = seconds
+
+    class Validation(keras.callbacks.Callback):
+        """Predict the whole val split at epoch end; add ``val_loss`` and ``val_mean_auroc``
+        (exact, numpy) to the logs, keep the per-class AUROC of every epoch."""
+
+        def __init__(self, dataset: tf.data.Dataset, loss_fn: Any) -> None:
+            super().__init__()
+            self.dataset = dataset
+            self.loss_fn = loss_fn
+            self.per_class: dict[int, dict[str, float]] = {}
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            y_true, y_score = predict_split(self.model, self.dataset)
+            per_class = per_class_auroc(y_true, y_score)
+            self.per_class[epoch] = per_class
+            if logs is not None:
+                logs["val_loss"] = _loss_value(self.loss_fn, y_true, y_score)
+                logs["val_mean_auroc"] = mean_auroc(per_class)
+
+    class PlateauLR(keras.callbacks.ReduceLROnPlateau):
+        """``ReduceLROnPlateau`` whose counters survive a resume (``initial_state``)."""
+
+        def __init__(self, *args: Any, initial_state: dict[str, Any] | None = None,
+                     **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.initial_state = initial_state
+
+        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+            super().on_train_begin(logs)
+            if self.initial_state:
+                best = self.initial_state.get("best")
+                self.best = None if best is None else float(best)
+                self.wait = int(self.initial_state.get("wait", 0))
+                self.cooldown_counter = int(self.initial_state.get("cooldown_counter", 0))
+
+        def state(self) -> dict[str, Any]:
+            best = None if self.best is None else float(self.best)
+            return {"best": best, "wait": int(self.wait),
+                    "cooldown_counter": int(self.cooldown_counter)}
+
+    class Checkpointer(keras.callbacks.Callback):
+        """At every epoch end: track the best ``val_mean_auroc``; on rank 0 write
+        ``best.weights.h5`` when it improved, then ``last.keras`` and ``state.json``
+        (each atomically: written to a temporary name, then renamed)."""
+
+        def __init__(self, ckpt_dir: Path, write: bool, state: dict[str, Any],
+                     plateau: PlateauLR, monitor: str | None) -> None:
+            super().__init__()
+            self.ckpt_dir = ckpt_dir
+            self.write = write
+            self.state = state
+            self.plateau = plateau
+            self.monitor = monitor
+
+        def _improved(self, score: float | None) -> bool:
+            """First epoch; a finite score above the best; or no finite score so far (a val
+            split too small to have any class with positives and negatives: keep the
+            latest epoch rather than the first)."""
+            best = self.state.get("best_score")
+            best_finite = best is not None and math.isfinite(best)
+            if self.state.get("best_epoch") is None or not best_finite:
+                return True
+            return score is not None and math.isfinite(score) and score > best
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            logs = dict(logs or {})
+            score = logs.get(self.monitor) if self.monitor else None
+            improved = True if self.monitor is None else self._improved(score)
+            if improved:
+                self.state["best_epoch"] = epoch + 1
+                self.state["best_score"] = None if score is None else float(score)
+            self.state["epoch"] = epoch + 1
+            self.state["plateau"] = self.plateau.state()
+            self.state["optimizer_iterations"] = int(self.model.optimizer.iterations.numpy())
+            self.state["learning_rate"] = float(
+                np.asarray(self.model.optimizer.learning_rate))
+            self.state.setdefault("history", []).append(
+                {"epoch": epoch + 1, **{k: _json_safe(v) for k, v in logs.items()}})
+            if not self.write:
+                return
+            if improved:
+                tmp = self.ckpt_dir / "best.tmp.weights.h5"
+                self.model.save_weights(tmp)
+                os.replace(tmp, self.ckpt_dir / BEST_NAME)
+            tmp = self.ckpt_dir / "last.tmp.keras"
+            self.model.save(tmp)
+            os.replace(tmp, self.ckpt_dir / LAST_NAME)
+            _write_json_atomic(self.ckpt_dir / STATE_NAME, self.state)
+
+    class Broadcast(keras.callbacks.Callback):
+        """Calls :func:`_broadcast_initial_state` once at the start of training."""
+
+        def __init__(self, distributed: bool) -> None:
+            super().__init__()
+            self.distributed = distributed
+
+        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+            _broadcast_initial_state(self.model, self.distributed)
+
+    return {"EpochTimer": EpochTimer, "Validation": Validation, "PlateauLR": PlateauLR,
+            "Checkpointer": Checkpointer, "Broadcast": Broadcast}
+
+
+# --------------------------------------------------------------------------------------------
+# train
+# --------------------------------------------------------------------------------------------
+
+def _history_dict(history: list[dict[str, Any]]) -> dict[str, list[float]]:
+    keys: list[str] = []
+    for row in history:
+        keys += [k for k in row if k != "epoch" and k not in keys]
+    return {k: [_nan_if_none(row.get(k)) for row in history] for k in keys}
+
+
+def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainResult:
+    """Train (or resume) CheXNet as ``config`` says; see the module docstring.
+
+    ``callbacks`` are extra Keras callbacks, run after the built-in ones (validation, LR
+    plateau, CSV, TensorBoard, checkpoint). Returns a :class:`TrainResult`; rank 0 also
+    writes ``out_dir/metrics.json``. Raises ``FileNotFoundError`` for a missing TFRecords
+    folder or weights file, ``ValueError`` for bad settings or a checkpoint of another arch.
+    """
+    import keras
+
+    from chexnet_utils.models import MeanAUROC, WeightedBCE, build_chexnet
+    from chexnet_utils.pipelines import build_pipeline
+    from chexnet_utils.tfrecords import list_shards
+
+    t_start = time.perf_counter()
+    cfg = config
+    cfg.validate_values()
+    rank, size = _world(cfg.distributed)
+    chief = rank == 0
+    tfr = Path(cfg.tfrecords)
+    out = Path(cfg.out_dir)
+    ckpt_dir = out / CHECKPOINT_DIR
+    say: Callable[[str], None] = (lambda msg: print(msg, flush=True)) \
+        if chief and cfg.verbose else (lambda msg: None)
+
+    # ---- data ------------------------------------------------------------------------------
+    counts = _split_counts(tfr)
+    train_files = list_shards(tfr, "train")
+    if not train_files:
+        raise ValueError(f"{tfr}: no train shards")
+    val_files = list_shards(tfr, "val") if cfg.validate else []
+    test_files = list_shards(tfr, "test") if cfg.evaluate_test else []
+    label_sums, n_train = training_label_sums(tfr)
+    steps = cfg.steps_per_epoch or max(1, n_train // (cfg.batch_size * size))
+
+    # ---- model: fresh or from the last checkpoint ------------------------------------------
+    state: dict[str, Any] | None = _read_state(ckpt_dir) if cfg.resume else None
+    if cfg.resume and state is None:
+        say(f"resume: no checkpoint in {ckpt_dir}, starting from scratch")
+    initial_epoch = int(state["epoch"]) if state else 0
+    keras.utils.set_random_seed(cfg.seed + initial_epoch)
+    loss_fn = WeightedBCE.from_label_sums(label_sums, n_train)
+    if state is not None:
+        for key in ("arch", "image_size"):
+            if state.get(key) != getattr(cfg, key):
+                raise ValueError(f"{ckpt_dir}: the checkpoint has {key}={state.get(key)!r}, "
+                                 f"the config {getattr(cfg, key)!r}; use another out_dir or "
+                                 "resume=False")
+        model, _ = load_checkpoint(out)
+        say(f"resumed from {ckpt_dir / LAST_NAME}: {initial_epoch} epoch(s) done, "
+            f"optimizer step {int(model.optimizer.iterations.numpy())}, "
+            f"learning rate {float(np.asarray(model.optimizer.learning_rate)):.3g}")
+    else:
+        model = build_chexnet(cfg.arch, cfg.image_size, weights=cfg.weights)
+        lr = _scaled_learning_rate(cfg.learning_rate, size, cfg.scale_lr and cfg.distributed)
+        model.compile(optimizer=keras.optimizers.Adam(lr), loss=loss_fn,
+                      metrics=[MeanAUROC()],
+                      jit_compile=False if cfg.distributed else "auto")
+        state = {"format": STATE_FORMAT, "arch": cfg.arch, "image_size": cfg.image_size,
+                 "epoch": 0, "best_epoch": None, "best_score": None, "history": []}
+    model.gradient_reducer = _gradient_reducer(cfg.distributed)
+    model.optimizer.build(model.trainable_variables)  # variables exist before the broadcast
+
+    train_ds = build_pipeline(cfg.pipeline, train_files, cfg.batch_size, cfg.image_size,
+                              training=True, num_workers=size, worker_index=rank,
+                              seed=cfg.seed + initial_epoch, shuffle_buffer=cfg.shuffle_buffer,
+                              antialias=cfg.antialias)
+
+    # ---- callbacks -------------------------------------------------------------------------
+    C = _callback_classes()
+    timer = C["EpochTimer"]()
+    cbs: list[Any] = [C["Broadcast"](cfg.distributed), timer]
+    validation = None
+    if val_files:
+        validation = C["Validation"](_eval_dataset(val_files, cfg.batch_size, cfg.image_size,
+                                                   cfg.antialias), loss_fn)
+        cbs.append(validation)
+    monitor = cfg.plateau_monitor if validation is not None else "loss"
+    plateau = C["PlateauLR"](monitor=monitor,
+                             mode="max" if monitor == "val_mean_auroc" else "min",
+                             factor=cfg.plateau_factor, patience=cfg.plateau_patience,
+                             min_lr=cfg.min_lr, verbose=1 if chief and cfg.verbose else 0,
+                             initial_state=state.get("plateau"))
+    cbs.append(plateau)
+    if chief:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        cbs.append(keras.callbacks.CSVLogger(str(out / CSV_NAME), append=initial_epoch > 0))
+        if cfg.tensorboard:
+            cbs.append(keras.callbacks.TensorBoard(log_dir=str(out / TENSORBOARD_DIR),
+                                                   profile_batch=cfg.profile_batch,
+                                                   write_graph=False))
+    cbs.append(C["Checkpointer"](ckpt_dir, chief, state, plateau,
+                                 "val_mean_auroc" if validation is not None else None))
+    cbs += list(callbacks or [])
+
+    # ---- fit -------------------------------------------------------------------------------
+    say(f"training {cfg.arch} at {cfg.image_size} px on {n_train} images "
+        f"({len(train_files)} shards, {cfg.pipeline} pipeline), batch {cfg.batch_size} x "
+        f"{size} worker(s), {steps} steps/epoch, epochs {initial_epoch + 1}..{cfg.epochs}")
+    t_fit = time.perf_counter()
+    if initial_epoch < cfg.epochs:
+        model.fit(train_ds, epochs=cfg.epochs, initial_epoch=initial_epoch,
+                  steps_per_epoch=steps, callbacks=cbs, verbose=cfg.verbose if chief else 0,
+                  shuffle=False)  # the pipeline shuffles
+    fit_s = time.perf_counter() - t_fit
+
+    # ---- throughput ------------------------------------------------------------------------
+    images_per_epoch = steps * cfg.batch_size * size
+    epoch_s = [s for _, s in timer.records]
+    timed = epoch_s[1:] if len(epoch_s) > 1 else epoch_s
+    img_per_s = images_per_epoch * len(timed) / sum(timed) if timed and sum(timed) > 0 \
+        else math.nan
+
+    # ---- test evaluation of the best weights (rank 0) --------------------------------------
+    best_path = ckpt_dir / BEST_NAME
+    test_per_class = {name: math.nan for name in PATHOLOGIES}
+    test_mean = test_loss = math.nan
+    t_test = time.perf_counter()
+    if chief and best_path.is_file():
+        model.load_weights(best_path)
+    if chief and test_files:
+        y_true, y_score = predict_split(model, _eval_dataset(
+            test_files, cfg.batch_size, cfg.image_size, cfg.antialias))
+        test_per_class = per_class_auroc(y_true, y_score)
+        test_mean = mean_auroc(test_per_class)
+        test_loss = _loss_value(loss_fn, y_true, y_score)
+    test_s = time.perf_counter() - t_test
+
+    history = _history_dict(state.get("history", []))
+    timing = {"total_s": time.perf_counter() - t_start, "fit_s": fit_s,
+              "epoch_s": epoch_s, "timed_epochs": len(timed),
+              "first_epoch_s": epoch_s[0] if epoch_s else None, "test_eval_s": test_s}
+    result = TrainResult(
+        mean_auroc=test_mean, per_class_auroc=test_per_class, img_per_s=img_per_s,
+        epochs=int(state.get("epoch", initial_epoch)), initial_epoch=initial_epoch,
+        best_epoch=state.get("best_epoch"),
+        best_val_mean_auroc=_nan_if_none(state.get("best_score")), history=history,
+        timing=timing, out_dir=out, metrics_path=None, model=model, test_loss=test_loss)
+
+    if chief:
+        import tensorflow as tf
+
+        metrics = {
+            "mean_auroc": test_mean,
+            "per_class_auroc": test_per_class,
+            "n_classes_evaluated": int(sum(math.isfinite(v) for v in test_per_class.values())),
+            "test_loss": test_loss,
+            "paper_mean_auroc": CHEXNET_PAPER_MEAN_AUROC,
+            "img_per_s": img_per_s,
+            "img_per_s_per_worker": img_per_s / size,
+            "img_per_s_note": "training images/s of all workers over the timed epochs (the "
+                              "first epoch of a call with more than one is left out: tracing "
+                              "and pipeline warm-up); validation and checkpoints excluded",
+            "epochs": result.epochs,
+            "initial_epoch": initial_epoch,
+            "best_epoch": result.best_epoch,
+            "best_val_mean_auroc": result.best_val_mean_auroc,
+            "steps_per_epoch": steps,
+            "global_batch_size": cfg.batch_size * size,
+            "world_size": size,
+            "images": counts,
+            "timing": timing,
+            "config": cfg.to_dict(),
+            "history": history,
+            "checkpoints": {"last": str(ckpt_dir / LAST_NAME),
+                            "best": str(best_path) if best_path.is_file() else None},
+            "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+        }
+        out.mkdir(parents=True, exist_ok=True)
+        result.metrics_path = out / METRICS_NAME
+        _write_json_atomic(result.metrics_path, metrics)
+        say(f"test mean AUROC {test_mean:.3f} over "
+            f"{metrics['n_classes_evaluated']} classes (best epoch {result.best_epoch}); "
+            f"{img_per_s:.1f} img/s; wrote {result.metrics_path}")
+    return result
+
+
+def read_csv_log(out_dir: Path | str) -> list[dict[str, str]]:
+    """The rows of ``out_dir/log.csv`` (one per epoch, across resumes)."""
+    with (Path(out_dir) / CSV_NAME).open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
