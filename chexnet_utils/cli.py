@@ -157,8 +157,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
                       epochs=args.epochs, learning_rate=args.lr, pipeline=args.pipeline,
                       seed=args.seed, resume=args.resume, steps_per_epoch=args.steps_per_epoch,
                       weights=str(args.weights) if args.weights else None,
-                      verbose=0 if args.quiet else 2)
+                      verbose=0 if args.quiet else 2, distributed=args.horovod)
     result = train(cfg)
+    if result.rank != 0:
+        return 0  # under Horovod only rank 0 reports
     print(f"mean AUROC {result.mean_auroc:.4f} (test, best epoch {result.best_epoch} of "
           f"{result.epochs}); {result.img_per_s:.1f} img/s; metrics: {result.metrics_path}")
     return 0
@@ -294,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="initial weights: ImageNet '*_notop.h5' of keras-applications (copied "
                         "from a machine with internet) or a '.weights.h5' file")
     p.add_argument("--quiet", action="store_true", help="no per-epoch progress lines")
+    p.add_argument("--horovod", action="store_true",
+                   help="one Horovod worker of many: run under mpirun -np N / horovodrun -np N")
     p.set_defaults(handler=_cmd_train)
     return parser
 

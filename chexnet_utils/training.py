@@ -35,18 +35,37 @@ only (validation, checkpoints and test evaluation excluded). When this call runs
 epoch, its first epoch is left out: it includes tracing the ``tf.function`` and filling the
 input pipeline. With a single epoch that epoch is all there is, warm-up included.
 
-Data parallelism (Horovod) slots in here
-----------------------------------------
-``distributed=True`` is reserved for the Horovod version of this function. Everything that
-depends on the process's place in the job is already isolated:
+Data parallelism with Horovod: ``distributed=True``
+---------------------------------------------------
+The same function trains on N Horovod workers (``mpirun -np N python -m chexnet_utils train
+--horovod ...``, ``horovodrun``, or ipyparallel MPI engines driving :func:`train_on_engine`).
+The six changes that turn a single-worker Keras script into a Horovod one, and where each is:
+
+1. ``hvd.init()``: :func:`_world`;
+2. one GPU per process, pinned by local rank (on CPU: a thread budget): :func:`_world` calls
+   :func:`chexnet_utils.devices.pin_process`;
+3. learning rate scaled by the number of workers (:func:`_scaled_learning_rate`), reached
+   gradually over ``warmup_epochs`` (Goyal et al.'s warm-up, the ``Warmup`` callback);
+4. gradients averaged across workers before the optimizer step: :func:`_gradient_reducer`
+   returns ``hvd.grouped_allreduce(grads, op=hvd.Average)``, applied in the model's
+   ``train_step`` (``hvd.DistributedGradientTape`` fails on Keras 3 variables);
+5. rank 0's model and optimizer variables broadcast to all before the first step:
+   :func:`_broadcast_initial_state`;
+6. checkpoints, logs and ``metrics.json`` written by rank 0 only.
+
+Besides: each worker reads its own shard files (``num_workers=size, worker_index=rank``),
+``steps_per_epoch`` defaults to ``train images // (batch_size * size)``, and the epoch's
+training metrics are averaged across workers (``MetricAverage`` callback) so the logs and
+the LR schedule see the whole job, not one worker's shard.
+
+Where each piece lives:
 
 * :func:`_world` gives ``(rank, size)``, ``(0, 1)`` when not distributed;
 * the training pipeline gets ``num_workers=size, worker_index=rank`` (file-level sharding);
   ``steps_per_epoch`` defaults to ``train images // (batch_size * size)``;
 * :func:`_gradient_reducer` is the ``grads -> grads`` function the model's ``train_step``
   applies before the optimizer (:attr:`chexnet_utils.models.ChexNet.gradient_reducer`):
-  ``None`` here, ``lambda g: hvd.grouped_allreduce(g, op=hvd.Average)`` under Horovod
-  (``hvd.DistributedGradientTape`` does not work with Keras 3 variables);
+  ``None`` on one worker, ``hvd.grouped_allreduce(g, op=hvd.Average)`` under Horovod;
 * :func:`_broadcast_initial_state` runs once before the first step (after the optimizer is
   built), where Horovod broadcasts rank 0's model and optimizer variables;
 * :func:`_scaled_learning_rate` multiplies the learning rate by ``size`` (``scale_lr``);
@@ -93,7 +112,9 @@ __all__ = [
     "predict_split",
     "read_csv_log",
     "train",
+    "train_on_engine",
     "training_label_sums",
+    "weights_checksum",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
@@ -152,9 +173,13 @@ class TrainConfig:
     """Initial weights file (``build_chexnet(weights=...)``): ImageNet ``*_notop.h5`` or a
     ``.weights.h5``. Ignored when resuming from a checkpoint."""
     distributed: bool = False
-    """Reserved for Horovod (see the module docstring); must be ``False`` for now."""
+    """Train as one Horovod worker of many (``hvd.init()`` etc.; see the module docstring).
+    Every process of the job calls :func:`train` with the same config."""
     scale_lr: bool = True
     """Multiply the learning rate by the number of workers when distributed."""
+    warmup_epochs: float = 1.0
+    """Distributed with ``scale_lr``: epochs over which the learning rate rises linearly from
+    the single-worker value to the scaled one (0: no warm-up)."""
     plateau_monitor: str = "val_loss"
     """What ``ReduceLROnPlateau`` watches: ``val_loss`` (smoother on small val splits) or
     ``val_mean_auroc`` (watched for a rise). Without validation: the training ``loss``."""
@@ -195,6 +220,8 @@ class TrainConfig:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if not 0 < self.plateau_factor < 1:
             raise ValueError(f"plateau_factor must be in (0, 1), got {self.plateau_factor}")
+        if self.warmup_epochs < 0:
+            raise ValueError(f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
         if self.plateau_monitor not in ("val_loss", "val_mean_auroc", "loss"):
             raise ValueError("plateau_monitor must be 'val_loss', 'val_mean_auroc' or 'loss', "
                              f"got {self.plateau_monitor!r}")
@@ -236,6 +263,10 @@ class TrainResult:
     model: Any = field(default=None, repr=False)
     """The trained model with the best weights loaded."""
     test_loss: float = math.nan
+    rank: int = 0
+    world_size: int = 1
+    trained_checksum: str = ""
+    """:func:`weights_checksum` right after the last epoch (equal on every rank)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,30 +276,82 @@ class TrainResult:
 def _world(distributed: bool = False) -> tuple[int, int]:
     """``(rank, size)`` of this process in the training job: ``(0, 1)`` when not distributed.
 
-    Horovod: ``hvd.init(); return hvd.rank(), hvd.size()``.
+    Distributed: ``hvd.init()`` (steps 1 and 2 of the conversion: a no-op when already
+    initialised), then pin this process to GPU ``hvd.local_rank()`` or, on CPU, give it
+    ``cores // local_size`` threads (:func:`chexnet_utils.devices.pin_process`).
     """
     if not distributed:
         return 0, 1
-    raise NotImplementedError(
-        "distributed=True is reserved for the Horovod integration: chexnet_utils.training."
-        "_world, _gradient_reducer and _broadcast_initial_state are the places it plugs in")
+    import horovod.tensorflow as hvd
+
+    from chexnet_utils.devices import pin_process
+
+    hvd.init()
+    pin_process(hvd.local_rank(), hvd.local_size())
+    return hvd.rank(), hvd.size()
 
 
 def _gradient_reducer(distributed: bool = False) -> Callable[[list[Any]], list[Any]] | None:
     """The ``grads -> grads`` function of the model's ``train_step`` (``None``: identity).
 
-    Horovod: ``lambda grads: hvd.grouped_allreduce(grads, op=hvd.Average)``.
+    Distributed: every worker's gradients are averaged in one fused ``grouped_allreduce``
+    (ring-allreduce over MPI/Gloo on CPU, NCCL on GPUs). ``hvd.DistributedGradientTape``
+    would do the same but fails on Keras 3 variables.
     """
-    return None
+    if not distributed:
+        return None
+    import horovod.tensorflow as hvd
+
+    def allreduce_average(grads: list[Any]) -> list[Any]:
+        return list(hvd.grouped_allreduce(grads, op=hvd.Average))
+
+    return allreduce_average
 
 
 def _broadcast_initial_state(model: keras.Model, distributed: bool = False) -> None:
     """Make every worker start from rank 0's variables (model and optimizer). Called once,
     after the optimizer is built and before the first step. No-op when not distributed.
 
-    Horovod: ``hvd.broadcast_variables(model.variables + model.optimizer.variables, 0)``.
+    Horovod's ``broadcast_variables`` assigns into ``tf.Variable`` objects, so the Keras 3
+    variables are passed by their backing ``.value``.
     """
-    return None
+    if not distributed:
+        return
+    import horovod.tensorflow as hvd
+
+    variables = [v.value for v in [*model.variables, *model.optimizer.variables]]
+    hvd.broadcast_variables(variables, root_rank=0)
+
+
+def _allreduce_mean(values: dict[str, float]) -> dict[str, float]:
+    """Average numbers across Horovod workers (same keys on every worker)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    keys = sorted(values)
+    if not keys:
+        return {}
+    stacked = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
+    averaged = hvd.allreduce(stacked, op=hvd.Average, name="chexnet_epoch_metrics")
+    return dict(zip(keys, (float(v) for v in averaged.numpy())))
+
+
+def weights_checksum(model: keras.Model, trainable_only: bool = True) -> str:
+    """sha256 of the model's weights, in order.
+
+    With ``trainable_only`` (default) it is equal on all workers of a healthy Horovod job:
+    same initial values (broadcast), same averaged gradients, same optimizer. BatchNorm's
+    moving mean and variance are *not* trainable: each worker updates them from its own
+    batches, so they differ slightly between workers (rank 0's are the ones saved;
+    ``hvd.SyncBatchNormalization`` would average them too).
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+    weights = model.trainable_weights if trainable_only else model.weights
+    for w in weights:
+        h.update(np.ascontiguousarray(np.asarray(w)).tobytes())
+    return h.hexdigest()
 
 
 def _scaled_learning_rate(lr: float, size: int, scale: bool) -> float:
@@ -524,8 +607,36 @@ def _callback_classes() -> dict[str, type]:
         def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
             _broadcast_initial_state(self.model, self.distributed)
 
+    class MetricAverage(keras.callbacks.Callback):
+        """Distributed: replace each worker's epoch training metrics (on its own shard) by
+        the average over all workers, before anything logs or acts on them."""
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            if logs is None:
+                return
+            numeric = {k: float(v) for k, v in logs.items()
+                       if k != "epoch_s" and isinstance(v, (int, float, np.floating))}
+            logs.update(_allreduce_mean(numeric))
+
+    class Warmup(keras.callbacks.Callback):
+        """Linear learning-rate warm-up from ``start_lr`` to ``target_lr`` over ``steps``
+        optimizer steps (Goyal et al. 2017), driven by the optimizer's step counter so that
+        a resumed run continues where it was."""
+
+        def __init__(self, start_lr: float, target_lr: float, steps: int) -> None:
+            super().__init__()
+            self.start_lr, self.target_lr, self.steps = start_lr, target_lr, max(1, steps)
+
+        def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            step = int(self.model.optimizer.iterations.numpy())
+            if step <= self.steps:
+                frac = min(1.0, step / self.steps)
+                self.model.optimizer.learning_rate.assign(
+                    self.start_lr + (self.target_lr - self.start_lr) * frac)
+
     return {"EpochTimer": EpochTimer, "Validation": Validation, "PlateauLR": PlateauLR,
-            "Checkpointer": Checkpointer, "Broadcast": Broadcast}
+            "Checkpointer": Checkpointer, "Broadcast": Broadcast,
+            "MetricAverage": MetricAverage, "Warmup": Warmup}
 
 
 # --------------------------------------------------------------------------------------------
@@ -611,6 +722,12 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     C = _callback_classes()
     timer = C["EpochTimer"]()
     cbs: list[Any] = [C["Broadcast"](cfg.distributed), timer]
+    if cfg.distributed:
+        cbs.append(C["MetricAverage"]())
+        warmup_steps = int(round(cfg.warmup_epochs * steps))
+        if cfg.scale_lr and size > 1 and warmup_steps > 0:
+            cbs.append(C["Warmup"](cfg.learning_rate, _scaled_learning_rate(
+                cfg.learning_rate, size, True), warmup_steps))
     validation = None
     if val_files:
         validation = C["Validation"](_eval_dataset(val_files, cfg.batch_size, cfg.image_size,
@@ -644,6 +761,7 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
                   steps_per_epoch=steps, callbacks=cbs, verbose=cfg.verbose if chief else 0,
                   shuffle=False)  # the pipeline shuffles
     fit_s = time.perf_counter() - t_fit
+    trained_checksum = weights_checksum(model)  # before rank 0 loads the best epoch's weights
 
     # ---- throughput ------------------------------------------------------------------------
     images_per_epoch = steps * cfg.batch_size * size
@@ -676,7 +794,8 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
         epochs=int(state.get("epoch", initial_epoch)), initial_epoch=initial_epoch,
         best_epoch=state.get("best_epoch"),
         best_val_mean_auroc=_nan_if_none(state.get("best_score")), history=history,
-        timing=timing, out_dir=out, metrics_path=None, model=model, test_loss=test_loss)
+        timing=timing, out_dir=out, metrics_path=None, model=model, test_loss=test_loss,
+        rank=rank, world_size=size, trained_checksum=trained_checksum)
 
     if chief:
         import tensorflow as tf
@@ -721,3 +840,30 @@ def read_csv_log(out_dir: Path | str) -> list[dict[str, str]]:
     with (Path(out_dir) / CSV_NAME).open(newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
 
+
+
+def train_on_engine(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
+    """Run :func:`train` as one Horovod worker and return a small, picklable summary.
+
+    Meant for ipyparallel MPI engines (``cluster.run(train_on_engine, cfg)``): every engine
+    trains with ``distributed=True``; rank 0 prints progress (the notebook shows only rank
+    0's output) and writes the files. The summary has the rank, world size, images/s,
+    test AUROC (rank 0), history and :func:`weights_checksum`, which is the same on every
+    rank when gradients were averaged and the initial state broadcast correctly.
+    """
+    cfg = TrainConfig(**config) if isinstance(config, dict) else config
+    cfg.distributed = True
+    result = train(cfg)
+    return {
+        "rank": result.rank,
+        "size": result.world_size,
+        "img_per_s": result.img_per_s,
+        "mean_auroc": result.mean_auroc,
+        "per_class_auroc": result.per_class_auroc,
+        "epochs": result.epochs,
+        "initial_epoch": result.initial_epoch,
+        "history": result.history,
+        "timing": result.timing,
+        "weights_checksum": result.trained_checksum,
+        "pid": os.getpid(),
+    }

@@ -351,8 +351,8 @@ def test_config_validation(tfr_dir: Path, tmp_path: Path) -> None:
         T.train(config(tfr_dir, tmp_path, arch="vgg"))
     with pytest.raises(ValueError, match="pipeline"):
         T.train(config(tfr_dir, tmp_path, pipeline="fast"))
-    with pytest.raises(NotImplementedError, match="Horovod"):
-        T.train(config(tfr_dir, tmp_path, distributed=True))
+    with pytest.raises(ValueError, match="warmup_epochs"):
+        T.train(config(tfr_dir, tmp_path, warmup_epochs=-1))
     assert T._world(False) == (0, 1)
 
 

@@ -1,0 +1,105 @@
+"""Horovod data-parallel training on ipyparallel MPI engines (what notebook 04 does)."""
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cloudpickle
+import psutil
+import pytest
+
+from chexnet_utils.distributed import EngineFailure, MPICluster
+
+pytestmark = pytest.mark.mpi
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def tfr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from chexnet_utils.synthetic import generate_dataset
+    from chexnet_utils.tfrecords import convert_dataset
+
+    root = tmp_path_factory.mktemp("hvd")
+    data = generate_dataset(root / "data", n=120, size=64, seed=0, workers=1, progress=False)
+    convert_dataset(data, root / "tfrecords", shard_size=8, workers=1, progress=False)
+    return root / "tfrecords"
+
+
+def _config(tfr: Path, out: Path, **kw):
+    base = dict(tfrecords=str(tfr), out_dir=str(out), arch="small", image_size=32,
+                batch_size=8, epochs=2, steps_per_epoch=3, verbose=0, tensorboard=False)
+    base.update(kw)
+    return base
+
+
+def _names_of_my_shard(tfr: str) -> list[str]:
+    import horovod.tensorflow as hvd
+
+    from chexnet_utils.pipelines import new_approach
+    from chexnet_utils.tfrecords import list_shards
+
+    hvd.init()
+    ds = new_approach(list_shards(tfr, "train"), 4, 32, training=False,
+                      num_workers=hvd.size(), worker_index=hvd.rank(), with_names=True)
+    return [n.decode() for _, _, names in ds for n in names.numpy()]
+
+
+def test_two_engines_train_in_lockstep_on_disjoint_shards(tfr_dir, tmp_path):
+    from chexnet_utils.tfrecords import load_manifest
+    from chexnet_utils.training import train_on_engine
+
+    with MPICluster(n=2) as cluster:
+        shards = cluster.run(_names_of_my_shard, str(tfr_dir))
+        results = cluster.run(train_on_engine, _config(tfr_dir, tmp_path / "run"))
+    # each rank reads its own files: disjoint, and together every training image once
+    a, b = (set(s) for s in shards)
+    assert a and b and not a & b
+    assert len(a) + len(b) == load_manifest(tfr_dir)["splits"]["train"]["images"]
+    # gradients averaged + initial state broadcast: every rank holds identical weights
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["size"] == 2 for r in results)
+    assert results[0]["weights_checksum"] == results[1]["weights_checksum"]
+    # epoch metrics are averaged across ranks, so both logged the same loss
+    assert results[0]["history"]["loss"] == pytest.approx(results[1]["history"]["loss"])
+    # only rank 0 writes files and evaluates the test split
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 16
+    assert results[0]["mean_auroc"] == pytest.approx(metrics["mean_auroc"], nan_ok=True)
+    assert results[1]["mean_auroc"] != results[1]["mean_auroc"]  # NaN on rank 1
+
+
+def _kill_rank1_after_first_checkpoint(cluster: MPICluster, state: Path) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline and not state.exists():
+        time.sleep(0.2)
+    victim = cluster.engine_pids[cluster._ranks.index(1)]
+    psutil.Process(victim).kill()
+
+
+def test_killed_engine_fails_fast_then_training_resumes_on_a_new_cluster(tfr_dir, tmp_path):
+    from chexnet_utils.training import train_on_engine
+
+    out = tmp_path / "run"
+    cfg = _config(tfr_dir, out, epochs=40, steps_per_epoch=4)
+    with MPICluster(n=2) as cluster:
+        pids = cluster.pids()
+        killer = threading.Thread(target=_kill_rank1_after_first_checkpoint,
+                                  args=(cluster, out / "checkpoints" / "state.json"))
+        killer.start()
+        t0 = time.perf_counter()
+        with pytest.raises(EngineFailure):
+            cluster.run(train_on_engine, cfg)
+        failed_after = time.perf_counter() - t0
+        killer.join()
+    assert not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    done = json.loads((out / "checkpoints" / "state.json").read_text())["epoch"]
+    assert 1 <= done < 40
+    with MPICluster(n=2) as cluster:
+        results = cluster.run(train_on_engine, {**cfg, "resume": True, "epochs": done + 1})
+    assert failed_after < 120
+    assert [r["initial_epoch"] for r in results] == [done, done]
+    assert results[0]["epochs"] == done + 1
+    assert results[0]["weights_checksum"] == results[1]["weights_checksum"]
