@@ -166,6 +166,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_scaling(args: argparse.Namespace) -> int:
+    from chexnet_utils.scaling import bench_scaling, format_scaling
+
+    tfr = args.tfrecords
+    if tfr is None:
+        from chexnet_utils.data import prepare_tfrecords
+
+        tfr = prepare_tfrecords(image_size=None, progress=False)
+    result = bench_scaling(tfr, workers=[int(w) for w in args.workers.split(",")],
+                           pipelines=args.pipelines.split(","), arch=args.arch,
+                           image_size=args.image_size, batch_size=args.batch_size,
+                           steps=args.steps, repeats=args.repeats,
+                           bind_to=None if args.bind_to == "none" else args.bind_to,
+                           map_by=args.map_by,
+                           log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    print(format_scaling(result))
+    _write_json(args.json, result)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(prog="python -m chexnet_utils", description=__doc__,
@@ -239,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="store_true", help="also decode every stored image")
     p.set_defaults(handler=_cmd_verify)
 
-    p = sub.add_parser("bench", help="measurements: bench pipelines | conversion")
+    p = sub.add_parser("bench", help="measurements: bench pipelines | conversion | scaling")
     bench = p.add_subparsers(dest="bench_command", required=True)
     b = bench.add_parser("pipelines", help="old vs new input pipeline on converted TFRecords")
     b.add_argument("--tfrecords", type=Path, required=True, help="converted folder")
@@ -272,6 +292,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--shard-size", type=int, default=32, help="images per shard (default 32)")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(handler=_cmd_bench_conversion)
+
+    b = bench.add_parser("scaling", help="Horovod images/s on 1..N MPI engines, old vs new")
+    b.add_argument("--workers", default="1,2", help="comma list of worker counts (default 1,2)")
+    b.add_argument("--json", type=Path, default=None, help="write the results here")
+    b.add_argument("--tfrecords", type=Path, default=None,
+                   help="converted folder (default: full-size shards of the scale's data set)")
+    b.add_argument("--pipelines", default="old,new", help="default old,new")
+    b.add_argument("--arch", default="small")
+    b.add_argument("--image-size", type=int, default=128, metavar="PX")
+    b.add_argument("--batch-size", type=int, default=16, metavar="N", help="per worker")
+    b.add_argument("--steps", type=int, default=10, help="timed steps per run (default 10)")
+    b.add_argument("--repeats", type=int, default=1, help="runs per setting (default 1)")
+    b.add_argument("--bind-to", default="core", help="mpiexec --bind-to (default core; none)")
+    b.add_argument("--map-by", default=None, help="mpiexec --map-by, e.g. socket")
+    b.set_defaults(handler=_cmd_bench_scaling)
 
     p = sub.add_parser("train", help="train CheXNet on converted TFRecords, write metrics.json")
     p.add_argument("--tfrecords", type=Path, required=True, help="converted folder")

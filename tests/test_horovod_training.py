@@ -103,3 +103,27 @@ def test_killed_engine_fails_fast_then_training_resumes_on_a_new_cluster(tfr_dir
     assert [r["initial_epoch"] for r in results] == [done, done]
     assert results[0]["epochs"] == done + 1
     assert results[0]["weights_checksum"] == results[1]["weights_checksum"]
+
+
+def test_efficiency_formula():
+    from chexnet_utils.scaling import efficiency
+
+    assert efficiency({1: 100.0, 2: 180.0, 4: 200.0}) == {1: 1.0, 2: 0.9, 4: 0.5}
+    with pytest.raises(ValueError):
+        efficiency({2: 10.0})
+
+
+def test_bench_scaling_cli_writes_rates_and_efficiency(tfr_dir, tmp_path):
+    from chexnet_utils.cli import main
+
+    out = tmp_path / "scaling.json"
+    assert main(["bench", "scaling", "--workers", "1,2", "--tfrecords", str(tfr_dir),
+                 "--image-size", "32", "--batch-size", "4", "--steps", "2",
+                 "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    for p in ("old", "new"):
+        assert set(r["img_per_s"][p]) == {"1", "2"}
+        assert all(v > 0 for v in r["img_per_s"][p].values())
+        assert r["efficiency"][p]["1"] == pytest.approx(1.0)
+        assert r["efficiency"][p]["2"] == pytest.approx(
+            r["img_per_s"][p]["2"] / (2 * r["img_per_s"][p]["1"]))
