@@ -11,6 +11,10 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import threading
 
 from chexnet_utils.devices import cpu_thread_budget
 
@@ -357,6 +361,32 @@ class MPICluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def kill_engine(self, rank: int) -> int:
+        """SIGKILL the engine of MPI rank ``rank`` (fault drills); returns its pid."""
+        import psutil
+
+        pid = self.engine_pids[self._ranks.index(rank)]
+        psutil.Process(pid).kill()
+        return pid
+
+    def kill_engine_when(self, rank: int, path: str | os.PathLike[str],
+                         timeout: float = 300) -> "threading.Thread":
+        """Fault drill: in a background thread, wait until ``path`` exists (for example the
+        first checkpoint), then kill the engine of ``rank``. Returns the started thread."""
+        import threading
+        import time
+
+        def watch() -> None:
+            deadline = time.time() + timeout
+            while time.time() < deadline and not os.path.exists(path):
+                time.sleep(0.2)
+            if os.path.exists(path) and self.cluster is not None:
+                self.kill_engine(rank)
+
+        thread = threading.Thread(target=watch, daemon=True, name=f"kill-rank-{rank}")
+        thread.start()
+        return thread
 
     # -- running work ----------------------------------------------------------------------
     def _engines_alive(self) -> bool:

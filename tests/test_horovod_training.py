@@ -2,7 +2,6 @@
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -70,14 +69,6 @@ def test_two_engines_train_in_lockstep_on_disjoint_shards(tfr_dir, tmp_path):
     assert results[1]["mean_auroc"] != results[1]["mean_auroc"]  # NaN on rank 1
 
 
-def _kill_rank1_after_first_checkpoint(cluster: MPICluster, state: Path) -> None:
-    deadline = time.time() + 120
-    while time.time() < deadline and not state.exists():
-        time.sleep(0.2)
-    victim = cluster.engine_pids[cluster._ranks.index(1)]
-    psutil.Process(victim).kill()
-
-
 def test_killed_engine_fails_fast_then_training_resumes_on_a_new_cluster(tfr_dir, tmp_path):
     from chexnet_utils.training import train_on_engine
 
@@ -85,9 +76,7 @@ def test_killed_engine_fails_fast_then_training_resumes_on_a_new_cluster(tfr_dir
     cfg = _config(tfr_dir, out, epochs=40, steps_per_epoch=4)
     with MPICluster(n=2) as cluster:
         pids = cluster.pids()
-        killer = threading.Thread(target=_kill_rank1_after_first_checkpoint,
-                                  args=(cluster, out / "checkpoints" / "state.json"))
-        killer.start()
+        killer = cluster.kill_engine_when(1, out / "checkpoints" / "state.json", timeout=120)
         t0 = time.perf_counter()
         with pytest.raises(EngineFailure):
             cluster.run(train_on_engine, cfg)
