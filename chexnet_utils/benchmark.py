@@ -12,6 +12,10 @@ What each measurement answers
     How much of the training step is spent waiting for data? The same compiled training step
     is timed fed by the pipeline and fed a constant in-memory batch (the accelerator's own
     speed); ``idle_fraction = 1 - real / synthetic``.
+:func:`compare_training`
+    The same, for several pipelines at once, with each pipeline's speed *alone* measured in
+    the same alternating runs: is fed training as fast as ``min(pipeline, model)``, or do
+    input and model compete for the cores?
 :func:`record_timeline` / :func:`simulate_timeline`
     *When* does the accelerator wait? Per step: when the batch was requested, when it was
     ready, when the step finished - the "waiting for data" vs "computing" bars of the
@@ -20,6 +24,9 @@ What each measurement answers
 :func:`simulated_workers`
     Does the pipeline scale with Horovod workers? Builds worker 0's pipeline for N workers
     and multiplies its useful rate by N (see the assumption there).
+:func:`shard_counts`
+    How many images does each of N workers decode, and how many does it keep? (exact
+    counts, no timing: the shard-after-decode trap in numbers)
 :func:`bench_pipelines`
     All of the above for the old and the new approach in one run: the JSON behind
     ``python -m chexnet_utils bench pipelines``.
@@ -61,19 +68,25 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = [
+    "FedTrainingResult",
     "ThroughputResult",
     "Timeline",
     "TrainingResult",
     "available_cores",
     "bench_pipelines",
     "compare_pipelines",
+    "compare_training",
     "decode_ceiling",
     "format_bench",
+    "probe_model",
     "record_timeline",
+    "records_per_file",
+    "shard_counts",
     "simulate_timeline",
     "simulated_workers",
     "time_pipeline",
     "time_training",
+    "train_step_fn",
 ]
 
 
@@ -177,7 +190,8 @@ def _warm_up(it: Iterator[Any], warmup_batches: int) -> None:
 
 
 def compare_pipelines(datasets: Mapping[str, tf.data.Dataset], n_batches: int,
-                      warmup_batches: int = 2, repeats: int = 3) -> dict[str, ThroughputResult]:
+                      warmup_batches: int = 2, repeats: int = 3, progress: bool = False
+                      ) -> dict[str, ThroughputResult]:
     """Time several pipelines run by run, alternating between them.
 
     Each run creates a **fresh iterator**, pulls ``warmup_batches`` untimed (tracing, thread
@@ -190,13 +204,18 @@ def compare_pipelines(datasets: Mapping[str, tf.data.Dataset], n_batches: int,
 
     A finite dataset (no repeat) shorter than ``warmup_batches + n_batches`` is timed for the
     batches it has; ``ValueError`` if no batch at all is left after the warm-up.
+    ``progress=True`` shows a progress bar (one tick per run; tqdm, notebook-aware).
     """
     if n_batches < 1 or repeats < 1 or warmup_batches < 0:
         raise ValueError("n_batches and repeats must be >= 1, warmup_batches >= 0")
+    from tqdm.auto import tqdm
+
     runs: dict[str, list[tuple[int, float]]] = {name: [] for name in datasets}
     order = list(datasets)
-    for r in range(repeats):
-        for name in order if r % 2 == 0 else order[::-1]:
+    schedule = [name for r in range(repeats) for name in (order if r % 2 == 0 else order[::-1])]
+    with tqdm(schedule, desc="timing runs", unit="run", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for name in bar:
             it = iter(datasets[name])
             _warm_up(it, warmup_batches)
             images, seconds = _timed_run(it, n_batches)
@@ -322,7 +341,7 @@ def decode_ceiling(files: Files, image_size: int, n_images: int = 64, repeats: i
 # Training steps: how long does the accelerator wait?
 # --------------------------------------------------------------------------------------------
 
-def _probe_model(image_size: int, seed: int = 0) -> keras.Model:
+def probe_model(image_size: int, seed: int = 0) -> keras.Model:
     """A small CPU-sized CNN for measuring idle time: 3 strided convolutions, global
     pooling, 14 sigmoid outputs, binary cross-entropy, Adam. Stands in for CheXNet
     (DenseNet-121), which would take seconds per step on a CPU and hide the pipeline."""
@@ -339,6 +358,9 @@ def _probe_model(image_size: int, seed: int = 0) -> keras.Model:
     ], name="probe_cnn")
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="binary_crossentropy")
     return model
+
+
+_probe_model = probe_model  # the name used before it became public
 
 
 def train_step_fn(model: keras.Model) -> Callable[[Any], Any]:
@@ -437,6 +459,130 @@ def time_training(model: keras.Model, dataset: tf.data.Dataset, n_steps: int = 1
     return TrainingResult(real_img_per_s=real, synthetic_img_per_s=synthetic_img_per_s,
                           idle_fraction=idle, n_steps=n_steps, batch_size=_batch_len(batch),
                           real_seconds=seconds, synthetic_seconds=synth_seconds)
+
+
+@dataclass
+class FedTrainingResult:
+    """One pipeline, three speeds measured side by side (one value per run each)."""
+
+    pipeline_img_per_s: list[float]
+    """The pipeline alone, nothing consuming its batches (as :func:`time_pipeline`)."""
+    fed_img_per_s: list[float]
+    """Training steps fed by the pipeline (as :func:`time_training`)."""
+    in_memory_img_per_s: list[float]
+    """The same training steps on one constant in-memory batch: the model's own speed."""
+    n_steps: int
+    batch_size: int
+
+    @property
+    def pipeline(self) -> float:
+        return _mean_std(self.pipeline_img_per_s)[0]
+
+    @property
+    def fed(self) -> float:
+        return _mean_std(self.fed_img_per_s)[0]
+
+    @property
+    def in_memory(self) -> float:
+        return _mean_std(self.in_memory_img_per_s)[0]
+
+    @property
+    def idle_fraction(self) -> float:
+        """``1 - fed / in-memory`` (clipped to [0, 1]), as in :class:`TrainingResult`."""
+        return min(1.0, max(0.0, 1.0 - self.fed / self.in_memory)) if self.in_memory else 0.0
+
+    @property
+    def pipelined_bound(self) -> float:
+        """``min(pipeline, in-memory)``: fed training if input and model overlapped perfectly
+        on *separate* hardware (a step costs the max of the two halves)."""
+        return min(self.pipeline, self.in_memory)
+
+    @property
+    def sequential_bound(self) -> float:
+        """``1 / (1/pipeline + 1/in-memory)``: fed training if the two halves ran one after
+        the other on separate hardware (a step costs the sum)."""
+        if self.pipeline <= 0 or self.in_memory <= 0:
+            return 0.0
+        return 1.0 / (1.0 / self.pipeline + 1.0 / self.in_memory)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(pipeline=self.pipeline, fed=self.fed, in_memory=self.in_memory,
+                 idle_fraction=self.idle_fraction, pipelined_bound=self.pipelined_bound,
+                 sequential_bound=self.sequential_bound)
+        return d
+
+
+def compare_training(model: keras.Model, datasets: Mapping[str, tf.data.Dataset],
+                     n_steps: int = 10, warmup: int = 2, repeats: int = 3,
+                     progress: bool = False) -> dict[str, FedTrainingResult]:
+    """For each pipeline: its speed alone, training fed by it, and the model on an in-memory
+    batch - all measured in the same alternating runs, so the three can be compared.
+
+    Why alternate: on a shared or CPU-only machine the speed of everything drifts with the
+    load. Comparing a pipeline measured a minute ago with training measured now mixes that
+    drift into the answer. Here each run measures, for one pipeline after the other (order
+    A B, B A, ... as :func:`compare_pipelines`): the pipeline alone (fresh iterator,
+    ``warmup`` untimed batches, ``n_steps`` timed), then ``n_steps`` training steps fed by a
+    fresh iterator after ``warmup`` untimed steps (as :func:`time_training`), then
+    ``n_steps`` steps on that pipeline's first batch held in memory.
+
+    ``model`` is a compiled Keras model (see :func:`probe_model`); every dataset must
+    repeat. ``progress=True`` shows a progress bar (one tick per pipeline and run).
+    """
+    if n_steps < 1 or repeats < 1 or warmup < 0:
+        raise ValueError("n_steps and repeats must be >= 1, warmup >= 0")
+    from tqdm.auto import tqdm
+
+    step = train_step_fn(model)
+    constant: dict[str, Any] = {}
+    for name, ds in datasets.items():
+        it = iter(ds)
+        first = _next_or_none(it)
+        del it
+        if first is None:
+            raise ValueError(f"{name}: the dataset is empty")
+        constant[name] = (first[0], first[1])
+    runs: dict[str, dict[str, list[float]]] = {
+        name: {"pipeline": [], "fed": [], "in_memory": []} for name in datasets}
+    order = list(datasets)
+    schedule = [name for r in range(repeats) for name in (order if r % 2 == 0 else order[::-1])]
+    with tqdm(schedule, desc="training runs", unit="run", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for name in bar:
+            ds = datasets[name]
+            # the pipeline alone
+            it = iter(ds)
+            _warm_up(it, warmup)
+            images, seconds = _timed_run(it, n_steps)
+            del it
+            if images == 0:
+                raise ValueError(f"{name}: the dataset ran out; repeat it")
+            runs[name]["pipeline"].append(images / seconds)
+            # training fed by it
+            it = iter(ds)
+            for _ in range(warmup):
+                b = _next_or_none(it)
+                if b is None:
+                    raise ValueError(f"{name}: the dataset ran out during the warm-up")
+                _block(step(b))
+            images = 0
+            t0 = time.perf_counter()
+            for _ in range(n_steps):
+                b = _next_or_none(it)
+                if b is None:
+                    break
+                _block(step(b))
+                images += _batch_len(b)
+            seconds = time.perf_counter() - t0
+            del it
+            runs[name]["fed"].append(images / seconds)
+            # the model alone
+            runs[name]["in_memory"].append(_synthetic_rate(step, constant[name], n_steps)[0])
+    return {name: FedTrainingResult(pipeline_img_per_s=r["pipeline"], fed_img_per_s=r["fed"],
+                                    in_memory_img_per_s=r["in_memory"], n_steps=n_steps,
+                                    batch_size=_batch_len(constant[name]))
+            for name, r in runs.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -600,6 +746,45 @@ def simulated_workers(files: Files, approach: str | PipelineOptions, num_workers
             "assumption": "one worker per machine; aggregate = per-worker rate x workers"}
 
 
+def records_per_file(files: Files) -> list[int]:
+    """Number of records in each TFRecord file (read by TensorFlow, nothing decoded)."""
+    import tensorflow as tf
+
+    return [int(tf.data.TFRecordDataset(str(f)).reduce(tf.constant(0, tf.int64),
+                                                       lambda n, _: n + 1))
+            for f in files]
+
+
+def shard_counts(files: Files, num_workers: int,
+                 counts: Sequence[int] | None = None) -> list[dict[str, int]]:
+    """Per worker of ``num_workers``: images it decodes and images it keeps, old vs new.
+
+    * old approach (shard after decode): every worker decodes **all** records and keeps
+      every N-th (``shard(N, i)`` on the decoded images), so worker ``i`` keeps
+      ``len(range(i, total, N))``;
+    * new approach (shard the file names first): worker ``i`` opens files ``i, i+N, ...``
+      and decodes (and keeps) only their records.
+
+    These are the exact counts of one epoch in evaluation mode (no repeat, nothing dropped);
+    pass ``counts`` (records per file, in the order of ``files``) to skip reading the files.
+    Returns one dict per worker: ``worker``, ``old_decoded``, ``old_kept``, ``new_files``,
+    ``new_decoded``, ``new_kept``.
+    """
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    counts = list(counts) if counts is not None else records_per_file(files)
+    if len(counts) != len(files):
+        raise ValueError(f"{len(counts)} counts for {len(files)} files")
+    total = sum(counts)
+    rows = []
+    for i in range(num_workers):
+        own = counts[i::num_workers]  # = from_tensor_slices(files).shard(N, i)
+        rows.append({"worker": i, "old_decoded": total,
+                     "old_kept": len(range(i, total, num_workers)),
+                     "new_files": len(own), "new_decoded": sum(own), "new_kept": sum(own)})
+    return rows
+
+
 # --------------------------------------------------------------------------------------------
 # The whole comparison
 # --------------------------------------------------------------------------------------------
@@ -644,7 +829,7 @@ def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size
     say("measuring the single-core decode rate")
     ceiling = decode_ceiling(files, image_size, n_images=ceiling_images)
     say("timing training steps fed by each pipeline")
-    model = (model_fn or _probe_model)(image_size)
+    model = (model_fn or probe_model)(image_size)
     step = train_step_fn(model)
     first = next(iter(pipelines["new"]))
     synth, _ = _synthetic_rate(step, (first[0], first[1]), train_steps)

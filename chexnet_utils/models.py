@@ -15,8 +15,9 @@ What is here
   variables, so the seam sits in ``train_step``.)
 * :func:`class_weights_from_prevalence` and :class:`WeightedBCE` - the weighted binary
   cross-entropy of the CheXNet paper.
-* :func:`per_class_auroc`, :func:`mean_auroc` (exact, numpy, rank based) and
-  :class:`MeanAUROC` (Keras' thresholded estimate, for training logs only).
+* :func:`per_class_auroc`, :func:`mean_auroc` (exact, numpy, rank based),
+  :func:`roc_curve` (the points whose area they are) and :class:`MeanAUROC` (Keras'
+  thresholded estimate, for training logs only).
 * :data:`CHEXNET_PAPER_AUROC` - the paper's per-class test AUROC, to compare against.
 
 TensorFlow/Keras are imported lazily: ``import chexnet_utils.models`` only needs numpy until a
@@ -61,6 +62,7 @@ __all__ = [
     "custom_objects",
     "mean_auroc",
     "per_class_auroc",
+    "roc_curve",
 ]
 
 ARCHITECTURES: tuple[str, ...] = ("densenet121", "resnet50", "small")
@@ -143,6 +145,32 @@ def binary_auroc(y_true: Sequence[float] | np.ndarray,
     ranks = _average_ranks(s)
     u = ranks[t].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u / (n_pos * n_neg))
+
+
+def roc_curve(y_true: Sequence[float] | np.ndarray,
+              y_score: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ROC curve of one binary problem: ``(false positive rate, true positive rate)``.
+
+    One point per distinct score, taken as the threshold from the highest score down
+    ("positive if score >= threshold"), plus the start point ``(0, 0)``; tied scores move the
+    curve diagonally, as they should. The area under these points by the trapezoidal rule is
+    exactly :func:`binary_auroc`. ``y_true`` entries >= 0.5 are positives. Returns two
+    empty arrays when ``y_true`` holds only one class (no curve exists).
+    """
+    t = np.asarray(y_true, dtype=np.float64).reshape(-1) >= 0.5
+    s = np.asarray(y_score, dtype=np.float64).reshape(-1)
+    if t.shape != s.shape:
+        raise ValueError(f"y_true has {t.size} values, y_score {s.size}")
+    n_pos = int(t.sum())
+    n_neg = t.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return np.zeros(0), np.zeros(0)
+    order = np.argsort(-s, kind="mergesort")
+    s, t = s[order], t[order]
+    last_of_tie = np.r_[np.flatnonzero(np.diff(s) != 0), s.size - 1]
+    tp = np.cumsum(t)[last_of_tie]
+    fp = (last_of_tie + 1) - tp
+    return np.r_[0.0, fp / n_neg], np.r_[0.0, tp / n_pos]
 
 
 def per_class_auroc(y_true: np.ndarray | Sequence[Sequence[float]],

@@ -258,6 +258,25 @@ def test_per_class_auroc_matches_pairwise_definition() -> None:
     assert math.isnan(M.mean_auroc(np.zeros((3, 2)), np.ones((3, 2))))
 
 
+def test_roc_curve_points_and_area() -> None:
+    fpr, tpr = M.roc_curve([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8])
+    assert fpr.tolist() == [0.0, 0.0, 0.5, 0.5, 1.0]
+    assert tpr.tolist() == [0.0, 0.5, 0.5, 1.0, 1.0]
+    rng = np.random.default_rng(4)
+    for _ in range(5):
+        y = (rng.random(80) < 0.3).astype(float)
+        s = np.round(rng.random(80) * 0.6 + 0.3 * y, 1)  # many ties
+        fpr, tpr = M.roc_curve(y, s)
+        assert (fpr[0], tpr[0], fpr[-1], tpr[-1]) == (0.0, 0.0, 1.0, 1.0)
+        assert np.all(np.diff(fpr) >= 0) and np.all(np.diff(tpr) >= 0)
+        area = float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2))
+        assert area == pytest.approx(M.binary_auroc(y, s))
+    empty = M.roc_curve([1, 1], [0.2, 0.3])
+    assert empty[0].size == 0 and empty[1].size == 0
+    with pytest.raises(ValueError):
+        M.roc_curve([0, 1], [0.5])
+
+
 def test_keras_mean_auroc_metric_and_paper_figures() -> None:
     metric = M.MeanAUROC(num_labels=2)
     metric.update_state(np.array([[1, 0], [0, 1], [1, 1], [0, 0]], "float32"),

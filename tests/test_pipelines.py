@@ -324,6 +324,25 @@ def test_time_training_and_timeline(files: list[Path]) -> None:
     assert 0 <= tl.wait_fraction <= 1 and len(tl.segments()["compute"]) == 3
 
 
+def test_compare_training_side_by_side(files: list[Path]) -> None:
+    model = tiny_cnn(S)
+    datasets = {"old": P.old_approach(files, 8, S, training=True, shuffle_buffer=16, seed=0),
+                "new": P.new_approach(files, 8, S, training=True, shuffle_buffer=16, seed=0)}
+    res = B.compare_training(model, datasets, n_steps=2, warmup=1, repeats=2, progress=True)
+    assert list(res) == ["old", "new"]
+    for r in res.values():
+        assert len(r.pipeline_img_per_s) == len(r.fed_img_per_s) == len(r.in_memory_img_per_s) == 2
+        assert r.pipeline > 0 and r.fed > 0 and r.in_memory > 0 and r.batch_size == 8
+        assert 0.0 <= r.idle_fraction <= 1.0
+        assert r.idle_fraction == pytest.approx(max(0.0, 1 - r.fed / r.in_memory))
+        assert r.pipelined_bound == min(r.pipeline, r.in_memory)
+        assert r.sequential_bound < r.pipelined_bound
+        assert json.dumps(r.as_dict())
+    with pytest.raises(ValueError, match="ran out"):
+        B.compare_training(model, {"finite": P.old_approach(files, 8, S, training=False)},
+                           n_steps=1, warmup=5, repeats=1)
+
+
 def test_simulated_timeline_sum_vs_max() -> None:
     cpu, accel = 40.0, 25.0
     seq = B.simulate_timeline(cpu, accel, n_steps=4, pipelined=False)
@@ -339,6 +358,40 @@ def test_simulated_workers(files: list[Path], approach: str) -> None:
                             warmup_batches=1, shuffle_buffer=8, seed=0)
     assert r["num_workers"] == 2 and r["per_worker_img_per_s"] > 0
     assert r["aggregate_img_per_s"] == pytest.approx(2 * r["per_worker_img_per_s"])
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_shard_counts_match_the_pipelines(files: list[Path], num_workers: int) -> None:
+    counts = B.records_per_file(files)
+    assert counts == [N_EXAMPLES // N_SHARDS] * N_SHARDS
+    rows = B.shard_counts(files, num_workers)
+    assert rows == B.shard_counts(files, num_workers, counts=counts)
+    assert [r["worker"] for r in rows] == list(range(num_workers))
+    assert sum(r["old_kept"] for r in rows) == sum(r["new_kept"] for r in rows) == N_EXAMPLES
+    for r in rows:
+        i = r["worker"]
+        kw = dict(training=False, num_workers=num_workers, worker_index=i, with_names=True)
+        assert r["old_decoded"] == N_EXAMPLES  # everybody decodes everything
+        assert r["old_kept"] == len(names_of(P.old_approach(files, 8, S, **kw)))
+        assert r["new_decoded"] == r["new_kept"] == len(names_of(P.new_approach(files, 8, S, **kw)))
+        assert r["new_files"] == len(files[i::num_workers])
+    with pytest.raises(ValueError):
+        B.shard_counts(files, 0, counts=counts)
+    with pytest.raises(ValueError):
+        B.shard_counts(files, 2, counts=counts[:-1])
+
+
+def test_probe_model_is_public_and_compiled() -> None:
+    model = B.probe_model(S)
+    assert B._probe_model is B.probe_model
+    assert model.output_shape == (None, 14) and model.optimizer is not None
+
+
+def test_compare_pipelines_with_progress_bar(files: list[Path]) -> None:
+    ds = P.new_approach(files, 8, S, training=True, shuffle_buffer=16, seed=0)
+    r = B.compare_pipelines({"a": ds, "b": ds}, n_batches=1, warmup_batches=1, repeats=2,
+                            progress=True)
+    assert [len(x.images_per_s) for x in r.values()] == [2, 2]
 
 
 REQUIRED_KEYS = {"old_img_per_s", "new_img_per_s", "decode_ceiling_img_per_s", "new_over_old",
