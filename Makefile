@@ -25,7 +25,7 @@ help:
 	@echo "make lab        set up and start JupyterLab with the project kernel"
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
-	@echo "make bench      old vs new input pipeline on full-size TFRecords -> $(BUILD)/bench-pipelines.json"
+	@echo "make bench      conversion, old vs new pipeline, Horovod scaling -> $(BUILD)/bench-*.json"
 
 setup:
 	@bash scripts/setup.sh
@@ -47,15 +47,21 @@ data: setup
 tutorial: setup data
 	$(PY) -m chexnet_utils tutorial --out $(BUILD) $(NOTEBOOKS)
 
-# Full-size (1024 px, not resized) TFRecords of the data set, converted once.
-TFRECORDS_1024 := $(BUILD)/tfrecords-1024
+# Benchmarks (numbers for docs/benchmarks.md): the data set's full-size TFRecords, converted
+# once by the same code the notebooks use (build/tfrecords-full), then
+#   conversion: images/s with 1 worker vs all cores (original bytes and resized to 320 px)
+#   pipelines:  old vs new tf.data pipeline, decode ceiling, idle fractions
+#   scaling:    Horovod images/s on 1..N MPI engines, old vs new pipeline, efficiency
+BENCH_WORKERS ?= 1,2
 
 bench: setup data
-	@grep -qs '"complete": true' $(TFRECORDS_1024)/manifest.json || \
-	  $(PY) -m chexnet_utils tfrecords --out $(TFRECORDS_1024) --data-dir \
-	    "$$($(PY) -c 'from chexnet_utils.config import data_dir; print(data_dir())')"
-	$(PY) -m chexnet_utils bench pipelines --tfrecords $(TFRECORDS_1024) \
+	$(PY) -c 'from chexnet_utils.data import prepare_tfrecords; prepare_tfrecords()'
+	$(PY) -m chexnet_utils bench conversion --json $(BUILD)/bench-conversion.json --data-dir \
+	  "$$($(PY) -c 'from chexnet_utils.config import data_dir; print(data_dir())')"
+	$(PY) -m chexnet_utils bench pipelines --tfrecords $(BUILD)/tfrecords-full \
 	  --json $(BUILD)/bench-pipelines.json
+	$(PY) -m chexnet_utils bench scaling --workers $(BENCH_WORKERS) \
+	  --tfrecords $(BUILD)/tfrecords-full --json $(BUILD)/bench-scaling.json
 
 lab: setup
 	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
