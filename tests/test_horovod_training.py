@@ -116,3 +116,26 @@ def test_bench_scaling_cli_writes_rates_and_efficiency(tfr_dir, tmp_path):
         assert r["efficiency"][p]["1"] == pytest.approx(1.0)
         assert r["efficiency"][p]["2"] == pytest.approx(
             r["img_per_s"][p]["2"] / (2 * r["img_per_s"][p]["1"]))
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_train_cli_runs_unchanged_under_a_launcher(tfr_dir, tmp_path, launcher):
+    import subprocess
+
+    from chexnet_utils.distributed import mpi_environment, mpirun_command
+
+    out = tmp_path / "run"
+    argv = ["python", "-m", "chexnet_utils", "train", "--horovod", "--tfrecords", str(tfr_dir),
+            "--arch", "small", "--image-size", "32", "--batch-size", "8", "--epochs", "1",
+            "--steps-per-epoch", "2", "--out", str(out), "--quiet"]
+    if launcher == "mpirun":
+        cmd = mpirun_command(2, argv)
+    else:
+        cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2",
+               sys.executable, *argv[1:]]
+    proc = subprocess.run(cmd, env=mpi_environment(2), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["epochs"] == 1
+    assert proc.stdout.count("mean AUROC") == 1  # only rank 0 reports
