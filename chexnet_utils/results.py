@@ -8,12 +8,11 @@ are saved next to it by :func:`save_figure`.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from chexnet_utils.atomic import write_text_atomic
 from chexnet_utils.config import work_dir
 
 
@@ -45,10 +44,7 @@ def record(notebook: str, values: Mapping[str, Any], path: Path | None = None) -
     path = path or results_path()
     data = load(path)
     data.setdefault(notebook, {}).update(json.loads(json.dumps(dict(values), default=float)))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True))
 
 
 def save_figure(fig: Any, name: str) -> Path:

@@ -45,6 +45,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from chexnet_utils import nih
+from chexnet_utils.atomic import write_text_atomic
 from chexnet_utils.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES, parse_finding_labels
 
 __all__ = [
@@ -996,12 +997,6 @@ def _same_params(marker: dict[str, Any] | None, n: int, size: int, seed: int,
         ("per_folder", per_folder)))
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _layout_files(root: Path) -> list[Path]:
     """Files of the NIH layout this module writes (and may replace) under ``root``."""
     files: list[Path] = []
@@ -1080,7 +1075,7 @@ def generate_dataset(
                for i, r in enumerate(records)}
 
     # Mark the directory as ours before touching anything else, then clear stale files.
-    _write_text_atomic(root / MARKER_NAME,
+    write_text_atomic(root / MARKER_NAME,
                        json.dumps(_marker(n, size, seed, per_folder, False), indent=2) + "\n")
     for f in _layout_files(root):
         if keep_existing and targets.get(f.name) == f:
@@ -1117,11 +1112,11 @@ def generate_dataset(
     png_bytes = sum(p.stat().st_size for p in targets.values())
     nih.write_data_entry(root / f".{nih.CSV_NAME}.tmp", records)
     os.replace(root / f".{nih.CSV_NAME}.tmp", root / nih.CSV_NAME)
-    _write_text_atomic(root / nih.TRAIN_VAL_LIST, "".join(f"{x}\n" for x in train_val))
-    _write_text_atomic(root / nih.TEST_LIST, "".join(f"{x}\n" for x in test))
+    write_text_atomic(root / nih.TRAIN_VAL_LIST, "".join(f"{x}\n" for x in train_val))
+    write_text_atomic(root / nih.TEST_LIST, "".join(f"{x}\n" for x in test))
     extra = {"images": n, "patients": len({r.patient_id for r in records}),
              "train_val": len(train_val), "test": len(test), "png_bytes": png_bytes}
-    _write_text_atomic(root / MARKER_NAME,
+    write_text_atomic(root / MARKER_NAME,
                        json.dumps(_marker(n, size, seed, per_folder, True, extra), indent=2)
                        + "\n")
     return root

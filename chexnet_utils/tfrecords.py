@@ -79,6 +79,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from chexnet_utils.atomic import write_text_atomic
 from chexnet_utils.labels import NUM_CLASSES, PATHOLOGIES
 from chexnet_utils.nih import NIHDataset
 
@@ -796,20 +797,12 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     # indented for people, but lists of numbers (label sums) on one line
     text = _NUMBER_LIST.sub(lambda m: "[" + ", ".join(m.group(1).replace(",", " ").split())
                             + "]", json.dumps(obj, indent=1))
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, text + "\n", tmp=tmp)
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}{_TMP_MARK}{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # temporary names that _remove_ours recognises and cleans after a crash
+    write_text_atomic(path, text, tmp=path.with_name(f"{path.name}{_TMP_MARK}{os.getpid()}"))
 
 
 def load_manifest(tfrecords_dir: Path | str) -> dict[str, Any]:

@@ -90,6 +90,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from chexnet_utils.atomic import write_text_atomic
 from chexnet_utils.labels import NUM_CLASSES, PATHOLOGIES
 from chexnet_utils.models import (
     ARCHITECTURES,
@@ -448,10 +449,7 @@ def _nan_if_none(v: Any) -> float:
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_json_safe(obj), indent=2, allow_nan=False) + "\n",
-                   encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(_json_safe(obj), indent=2, allow_nan=False) + "\n")
 
 
 def _read_state(ckpt_dir: Path) -> dict[str, Any] | None:
