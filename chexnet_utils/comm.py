@@ -590,10 +590,9 @@ def tf_config(ports: Sequence[int], rank: int, host: str = "127.0.0.1") -> dict[
 
 
 def _mpi_rank() -> int:
-    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
+    from chexnet_utils.distributed import _mpi_rank as rank_from_launcher
+
+    return rank_from_launcher()
 
 
 def mwms_setup_on_engine(ports: Sequence[int], implementation: str = "ring") -> dict[str, Any]:
