@@ -2,13 +2,24 @@
 
 Notebooks narrate; this package implements. Modules, one concern each:
 
-- :mod:`chexnet_utils.labels`: the 14 pathologies, ``Finding Labels`` <-> multi-hot.
-- :mod:`chexnet_utils.nih`: the NIH ChestX-ray14 layout (CSV, image folders, split lists,
-  patient-level split, leakage check).
-- :mod:`chexnet_utils.synthetic`: a synthetic stand-in written in the exact NIH layout.
-- :mod:`chexnet_utils.config`: data location and the scale knob (``CHEXNET_SCALE``).
-- :mod:`chexnet_utils.envcheck`: versions and Horovod build capabilities.
-- :mod:`chexnet_utils.cli`: ``python -m chexnet_utils ...``.
+- data: :mod:`~chexnet_utils.labels` (the 14 pathologies, ``Finding Labels`` <-> multi-hot),
+  :mod:`~chexnet_utils.nih` (the ChestX-ray14 layout, patient-level split, leakage check),
+  :mod:`~chexnet_utils.leakage` (what an image-level split does),
+  :mod:`~chexnet_utils.synthetic` (a stand-in in the exact NIH layout),
+  :mod:`~chexnet_utils.tfrecords` (sharded, resumable, verified conversion),
+  :mod:`~chexnet_utils.data` (the data set and TFRecords for the current scale);
+- input: :mod:`~chexnet_utils.pipelines` (the old and the new ``tf.data`` pipeline);
+- model and training: :mod:`~chexnet_utils.models`, :mod:`~chexnet_utils.training`,
+  :mod:`~chexnet_utils.explain` (Grad-CAM);
+- many workers: :mod:`~chexnet_utils.devices` (one process per GPU),
+  :mod:`~chexnet_utils.distributed` (MPI, ipyparallel MPI engines),
+  :mod:`~chexnet_utils.scaling` (images/s on 1..N workers), :mod:`~chexnet_utils.comm`
+  (parameter server vs ring-allreduce, cost model, Horovod timeline);
+- measuring and showing: :mod:`~chexnet_utils.benchmark`, :mod:`~chexnet_utils.plots`,
+  :mod:`~chexnet_utils.results`;
+- plumbing: :mod:`~chexnet_utils.config` (``CHEXNET_SCALE``, ``CHEXNET_DATA_DIR``),
+  :mod:`~chexnet_utils.envcheck`, :mod:`~chexnet_utils.atomic`, :mod:`~chexnet_utils.nbtools`,
+  :mod:`~chexnet_utils.tutorial`, :mod:`~chexnet_utils.cli` (``python -m chexnet_utils``).
 """
 
 from chexnet_utils.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES
