@@ -29,9 +29,16 @@ class StepBenchConfig:
     image_size: int = 128
     batch_size: int = 16
     """Per worker (the global batch grows with the number of workers, as in the articles)."""
-    warmup_steps: int = 3
+    warmup_steps: int = 20
+    """Untimed steps first. Long enough that a pipeline slower than the step has used up
+    the decoded images it buffered before the clock starts (the old approach's
+    ``prefetch(batch_size)`` holds ``batch_size`` whole batches)."""
     steps: int = 10
     seed: int = 0
+    shuffle_buffer: int = 32
+    """Record shuffle buffer of both pipelines. Small on purpose: the old approach shuffles
+    *decoded* images, and a large buffer would let it start the timed window with hundreds
+    of images decoded in advance, which is stock, not throughput."""
 
 
 def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +74,7 @@ def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any
     _broadcast_initial_state(model, True)
     ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,
                         c.image_size, training=True, num_workers=size, worker_index=rank,
-                        seed=c.seed)
+                        seed=c.seed, shuffle_buffer=c.shuffle_buffer)
     it = iter(ds)
 
     def barrier() -> None:
@@ -98,7 +105,7 @@ def efficiency(rates: dict[int, float]) -> dict[int, float]:
 def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
                   pipelines: Sequence[str] = ("old", "new"), arch: str = "small",
                   image_size: int = 128, batch_size: int = 16, steps: int = 10,
-                  warmup_steps: int = 3, repeats: int = 1, bind_to: str | None = "core",
+                  warmup_steps: int = 20, repeats: int = 1, bind_to: str | None = "core",
                   map_by: str | None = None,
                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Images/s per worker count and pipeline, and the scaling efficiency.
