@@ -122,6 +122,18 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
     return avg[inverse.reshape(-1)]
 
 
+def _binary_inputs(y_true: Sequence[float] | np.ndarray, y_score: Sequence[float] | np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Flatten one binary problem: positives mask (``y_true >= 0.5``), float scores, and the
+    counts of positives and negatives. Raises ``ValueError`` when the lengths differ."""
+    t = np.asarray(y_true, dtype=np.float64).reshape(-1) >= 0.5
+    s = np.asarray(y_score, dtype=np.float64).reshape(-1)
+    if t.shape != s.shape:
+        raise ValueError(f"y_true has {t.size} values, y_score {s.size}")
+    n_pos = int(t.sum())
+    return t, s, n_pos, t.size - n_pos
+
+
 def binary_auroc(y_true: Sequence[float] | np.ndarray,
                  y_score: Sequence[float] | np.ndarray) -> float:
     """Area under the ROC curve of one binary problem, exactly, from ranks.
@@ -134,12 +146,7 @@ def binary_auroc(y_true: Sequence[float] | np.ndarray,
     with average ranks for tied scores. ``y_true`` entries >= 0.5 are positives. Returns NaN
     when ``y_true`` holds only one class (AUROC is undefined) or a score is not finite.
     """
-    t = np.asarray(y_true, dtype=np.float64).reshape(-1) >= 0.5
-    s = np.asarray(y_score, dtype=np.float64).reshape(-1)
-    if t.shape != s.shape:
-        raise ValueError(f"y_true has {t.size} values, y_score {s.size}")
-    n_pos = int(t.sum())
-    n_neg = t.size - n_pos
+    t, s, n_pos, n_neg = _binary_inputs(y_true, y_score)
     if n_pos == 0 or n_neg == 0 or not np.all(np.isfinite(s)):
         return math.nan
     ranks = _average_ranks(s)
@@ -157,12 +164,7 @@ def roc_curve(y_true: Sequence[float] | np.ndarray,
     exactly :func:`binary_auroc`. ``y_true`` entries >= 0.5 are positives. Returns two
     empty arrays when ``y_true`` holds only one class (no curve exists).
     """
-    t = np.asarray(y_true, dtype=np.float64).reshape(-1) >= 0.5
-    s = np.asarray(y_score, dtype=np.float64).reshape(-1)
-    if t.shape != s.shape:
-        raise ValueError(f"y_true has {t.size} values, y_score {s.size}")
-    n_pos = int(t.sum())
-    n_neg = t.size - n_pos
+    t, s, n_pos, n_neg = _binary_inputs(y_true, y_score)
     if n_pos == 0 or n_neg == 0:
         return np.zeros(0), np.zeros(0)
     order = np.argsort(-s, kind="mergesort")
