@@ -166,6 +166,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    """``["KEY=VALUE", ...]`` -> dict; a clear error for anything else."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not key.replace("_", "").isalnum():
+            raise SystemExit(f"--env expects KEY=VALUE, got {pair!r}")
+        env[key] = value
+    return env
+
+
 def _cmd_bench_scaling(args: argparse.Namespace) -> int:
     from chexnet_utils.scaling import bench_scaling, format_scaling
 
@@ -179,7 +190,8 @@ def _cmd_bench_scaling(args: argparse.Namespace) -> int:
                            image_size=args.image_size, batch_size=args.batch_size,
                            steps=args.steps, repeats=args.repeats,
                            bind_to=None if args.bind_to == "none" else args.bind_to,
-                           map_by=args.map_by,
+                           map_by=args.map_by, env=_env_pairs(args.env),
+                           accelerator_ms=args.emulate_accelerator,
                            log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     print(format_scaling(result))
     _write_json(args.json, result)
@@ -306,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=1, help="runs per setting (default 1)")
     b.add_argument("--bind-to", default="core", help="mpiexec --bind-to (default core; none)")
     b.add_argument("--map-by", default=None, help="mpiexec --map-by, e.g. socket")
+    b.add_argument("--emulate-accelerator", type=float, default=None, metavar="MS",
+                   help="also time an emulated accelerator taking MS per step (the CPU "
+                        "only feeds it), e.g. 20")
+    b.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine environment variable, repeatable (e.g. "
+                        "OMPI_MCA_mpi_yield_when_idle=0 to let MPI spin)")
     b.set_defaults(handler=_cmd_bench_scaling)
 
     p = sub.add_parser("train", help="train CheXNet on converted TFRecords, write metrics.json")

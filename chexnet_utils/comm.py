@@ -459,11 +459,11 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
     import tensorflow as tf
 
     from chexnet_utils.models import build_chexnet
-    from chexnet_utils.training import _broadcast_initial_state, _world
+    from chexnet_utils.training import broadcast_initial_state, init_world
 
     _quiet_tensorflow()
     c = _step_config(cfg, **overrides)
-    rank, n = _world(True)
+    rank, n = init_world(True)
     hvd = _hvd()
     comp = _compression(hvd, compression)
     keras.utils.set_random_seed(c.seed)
@@ -471,7 +471,7 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
     opt = keras.optimizers.SGD(c.learning_rate)
     opt.build(model.trainable_variables)
     loss_fn = keras.losses.BinaryCrossentropy()
-    _broadcast_initial_state(_OptimizerHolder(model, opt), True)
+    broadcast_initial_state(_OptimizerHolder(model, opt), True)
     initial = _snapshot(model)
     x, y = _synthetic_batch(c, rank)
 
@@ -533,7 +533,7 @@ def _throughput(runs: list[float], c: StepConfig, n: int) -> dict[str, Any]:
 
 
 class _OptimizerHolder:
-    """What :func:`chexnet_utils.training._broadcast_initial_state` needs: ``.variables``
+    """What :func:`chexnet_utils.training.broadcast_initial_state` needs: ``.variables``
     and ``.optimizer.variables``."""
 
     def __init__(self, model: Any, optimizer: Any) -> None:

@@ -13,6 +13,9 @@ from pathlib import Path
 
 CHECK_MARK = "NBVAL_CHECK_OUTPUT"
 _VOLATILE_META = ("execution", "collapsed", "scrolled")
+_VOLATILE_NB_META = ("widgets",)
+"""Notebook-level metadata a run leaves behind: ``widgets`` is the saved state of every
+progress bar (tqdm) the run displayed, kilobytes of ids that change on every run."""
 
 
 def _is_checked(cell: dict) -> bool:
@@ -33,6 +36,8 @@ def clean_notebook(path: Path, execute: bool = False, timeout: int = 1800) -> No
 
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()
+    for key in _VOLATILE_NB_META:
+        nb.metadata.pop(key, None)
     for cell in nb.cells:
         for key in _VOLATILE_META:
             cell.metadata.pop(key, None)
@@ -48,14 +53,16 @@ def clean_notebook(path: Path, execute: bool = False, timeout: int = 1800) -> No
 def hygiene_problems(path: Path) -> list[str]:
     """What is wrong with a committed notebook.
 
-    Outputs or execution counts in cells nbval does not check; checked cells without output
+    Saved widget state; outputs or execution counts in cells nbval does not check; checked
+    cells without output
     or execution count; checked cells whose execution counts are not increasing (a sign they
     were run out of order, so a top-to-bottom run may not reproduce them).
     """
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
-    problems = []
+    problems = [f"{path.name}: notebook metadata {key!r} committed (saved widget state)"
+                for key in _VOLATILE_NB_META if key in nb.metadata]
     last_count = 0
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
@@ -83,3 +90,34 @@ def clean_all(paths: Sequence[Path], execute: bool = False) -> None:
     for p in paths:
         print(f"cleaning {p}{' (executing first)' if execute else ''}", flush=True)
         clean_notebook(Path(p), execute=execute)
+
+
+def notebook_of(nodeid: str) -> str | None:
+    """The notebook a pytest/nbval test id belongs to (``notebooks/02_x.ipynb::Cell 3`` ->
+    ``notebooks/02_x.ipynb``), or ``None`` for an ordinary test."""
+    path = nodeid.split("::", 1)[0]
+    return path if path.endswith(".ipynb") else None
+
+
+def format_wall_times(times: dict[str, float], other_seconds: float = 0.0,
+                      budget_minutes: float | None = None) -> str:
+    """The table ``make test`` prints at the end: each notebook's wall time under nbval
+    (kernel start, every cell, kernel stop), the other tests' time, and the total.
+
+    ``times`` maps notebook path -> seconds. With ``budget_minutes`` the last line says
+    whether the total stays within it.
+    """
+    lines = ["notebook wall times (nbval: kernel start + every cell):"]
+    width = max([len(Path(p).name) for p in times] + [len("unit tests")])
+    for path in sorted(times):
+        lines.append(f"  {Path(path).name:<{width}}  {times[path] / 60:5.1f} min"
+                     f"  ({times[path]:6.1f} s)")
+    total = sum(times.values()) + other_seconds
+    lines.append(f"  {'unit tests':<{width}}  {other_seconds / 60:5.1f} min"
+                 f"  ({other_seconds:6.1f} s)")
+    verdict = ""
+    if budget_minutes is not None:
+        ok = total <= budget_minutes * 60
+        verdict = f"  {'within' if ok else 'OVER'} the {budget_minutes:g} min budget"
+    lines.append(f"  {'total':<{width}}  {total / 60:5.1f} min  ({total:6.1f} s){verdict}")
+    return "\n".join(lines)

@@ -8,12 +8,24 @@ default, so "1 worker" means one core's worth of compute), runs the same timed t
 steps with each pipeline, and stops the cluster.
 
 ``efficiency(N) = rate(N) / (N * rate(1))``: 1.0 is perfect linear scaling.
+
+Two kinds of worker are measured:
+
+* **CPU model** (default): the model really trains on the worker's core, which it shares with
+  that worker's input pipeline. Decoding then costs about as much as the model step, so the
+  old pipeline's waste shows as a *lower* efficiency, not a flat line.
+* **Emulated accelerator** (``accelerator_ms``): the step is a wait of ``accelerator_ms``
+  (a device computing while the CPU is free, as in notebook 02) followed by a real Horovod
+  average of gradient-sized tensors. The core only feeds the "device", which is the
+  articles' situation (V100s fed by the CPUs): with the old pipeline every worker decodes
+  every image, so the job's images/s stay flat (efficiency ~1/N); with the new one they
+  grow with N.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +51,9 @@ class StepBenchConfig:
     """Record shuffle buffer of both pipelines. Small on purpose: the old approach shuffles
     *decoded* images, and a large buffer would let it start the timed window with hundreds
     of images decoded in advance, which is stock, not throughput."""
+    accelerator_ms: float = 0.0
+    """0: the model trains on this worker's CPU. > 0: emulated accelerator, each step waits
+    this long instead of computing, then averages gradient-sized tensors across workers."""
 
 
 def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any]:
@@ -57,10 +72,10 @@ def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any
     from chexnet_utils.models import WeightedBCE, build_chexnet
     from chexnet_utils.pipelines import build_pipeline
     from chexnet_utils.tfrecords import list_shards
-    from chexnet_utils.training import _broadcast_initial_state, _gradient_reducer, _world
+    from chexnet_utils.training import broadcast_initial_state, gradient_averager, init_world
 
     c = StepBenchConfig(**cfg) if isinstance(cfg, dict) else cfg
-    rank, size = _world(True)
+    rank, size = init_world(True)
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -69,9 +84,9 @@ def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=WeightedBCE(np.full(NUM_CLASSES, 0.5), np.full(NUM_CLASSES, 0.5)),
                   jit_compile=False)
-    model.gradient_reducer = _gradient_reducer(True)
+    model.gradient_reducer = gradient_averager(True)
     model.optimizer.build(model.trainable_variables)
-    _broadcast_initial_state(model, True)
+    broadcast_initial_state(model, True)
     ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,
                         c.image_size, training=True, num_workers=size, worker_index=rank,
                         seed=c.seed, shuffle_buffer=c.shuffle_buffer)
@@ -80,19 +95,29 @@ def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any
     def barrier() -> None:
         hvd.allreduce(tf.constant(0.0), name="bench_barrier", op=hvd.Sum).numpy()
 
+    if c.accelerator_ms > 0:
+        zeros = [tf.zeros_like(v) for v in model.trainable_variables]
+
+        def step() -> None:
+            next(it)  # the batch the device would train on
+            time.sleep(c.accelerator_ms / 1000.0)  # the device computes; the CPU is free
+            hvd.grouped_allreduce(zeros, op=hvd.Average, name="emulated_grads")
+    else:
+        def step() -> None:
+            x, y = next(it)
+            model.train_on_batch(x, y)
+
     for _ in range(c.warmup_steps):
-        x, y = next(it)
-        model.train_on_batch(x, y)
+        step()
     barrier()
     t0 = time.perf_counter()
     for _ in range(c.steps):
-        x, y = next(it)
-        model.train_on_batch(x, y)
+        step()
     barrier()
     seconds = time.perf_counter() - t0
     images = c.steps * c.batch_size * size
     return {"rank": rank, "size": size, "seconds": seconds, "img_per_s": images / seconds,
-            "pipeline": c.pipeline}
+            "pipeline": c.pipeline, "accelerator_ms": c.accelerator_ms}
 
 
 def efficiency(rates: dict[int, float]) -> dict[int, float]:
@@ -106,61 +131,97 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
                   pipelines: Sequence[str] = ("old", "new"), arch: str = "small",
                   image_size: int = 128, batch_size: int = 16, steps: int = 10,
                   warmup_steps: int = 20, repeats: int = 1, bind_to: str | None = "core",
-                  map_by: str | None = None,
+                  map_by: str | None = None, env: Mapping[str, str] | None = None,
+                  accelerator_ms: float | None = None,
                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Images/s per worker count and pipeline, and the scaling efficiency.
 
     For each worker count N a fresh :class:`~chexnet_utils.distributed.MPICluster` of N
-    engines is started (``bind_to="core"``: one core per worker), every pipeline is timed
-    ``repeats`` times in alternating order, and the cluster is stopped. Returns
-    ``{"img_per_s": {pipeline: {N: mean}}, "efficiency": {pipeline: {N: eff}}, ...}`` plus
-    every run and the cluster start/stop times.
+    engines is started (``bind_to="core"``: one core per worker, one thread each), every
+    pipeline is timed ``repeats`` times in alternating order, and the cluster is stopped.
+    ``env`` adds engine environment variables (e.g. ``OMPI_MCA_mpi_yield_when_idle`` or
+    ``HOROVOD_CYCLE_TIME``). With ``accelerator_ms`` every pipeline is also timed with an
+    emulated accelerator (see the module docstring) on the same cluster.
+
+    Returns ``{"img_per_s": {pipeline: {N: mean}}, "efficiency": {pipeline: {N: eff}}, ...}``
+    for the CPU model, the same under ``"emulated"`` when ``accelerator_ms`` is given, every
+    run, and the cluster start/stop times.
     """
     from chexnet_utils.devices import usable_cores
     from chexnet_utils.distributed import MPICluster
 
+    if not workers or min(workers) < 1:
+        raise ValueError(f"workers must be positive worker counts, got {list(workers)}")
+    if accelerator_ms is not None and accelerator_ms <= 0:
+        raise ValueError(f"accelerator_ms must be > 0, got {accelerator_ms}")
     say = log or (lambda msg: None)
-    runs: dict[str, dict[int, list[float]]] = {p: {} for p in pipelines}
+    modes = [0.0] + ([float(accelerator_ms)] if accelerator_ms else [])
+    runs: dict[float, dict[str, dict[int, list[float]]]] = {
+        m: {p: {} for p in pipelines} for m in modes}
     cluster_times: dict[int, dict[str, float]] = {}
     for n in workers:
         one_thread = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
                       "TF_NUM_INTEROP_THREADS": "1"} if bind_to == "core" else {}
-        with MPICluster(n=n, bind_to=bind_to, map_by=map_by, env=one_thread) as cluster:
-            for r in range(repeats):
-                order = list(pipelines) if r % 2 == 0 else list(pipelines)[::-1]
-                for p in order:
-                    cfg = asdict(StepBenchConfig(str(tfrecords), p, arch, image_size,
-                                                 batch_size, warmup_steps, steps))
-                    res = cluster.run(throughput_on_engine, cfg, stream_rank0=False)
-                    rate = res[0]["img_per_s"]
-                    runs[p].setdefault(n, []).append(rate)
-                    say(f"{n} worker(s), {p} pipeline: {rate:.1f} img/s")
+        engine_env = {**one_thread, **(env or {})}
+        with MPICluster(n=n, bind_to=bind_to, map_by=map_by, env=engine_env) as cluster:
+            for m in modes:
+                for r in range(repeats):
+                    order = list(pipelines) if r % 2 == 0 else list(pipelines)[::-1]
+                    for p in order:
+                        cfg = asdict(StepBenchConfig(str(tfrecords), p, arch, image_size,
+                                                     batch_size, warmup_steps, steps,
+                                                     accelerator_ms=m))
+                        res = cluster.run(throughput_on_engine, cfg, stream_rank0=False)
+                        rate = res[0]["img_per_s"]
+                        runs[m][p].setdefault(n, []).append(rate)
+                        kind = f"emulated {m:g} ms accelerator" if m else "CPU model"
+                        say(f"{n} worker(s), {p} pipeline, {kind}: {rate:.1f} img/s")
         cluster_times[n] = {"start_s": cluster.start_seconds or 0.0,
                             "stop_s": cluster.stop_seconds or 0.0}
-    means = {p: {n: sum(v) / len(v) for n, v in runs[p].items()} for p in pipelines}
-    return {
+
+    def summary(m: float) -> dict[str, Any]:
+        means = {p: {n: sum(v) / len(v) for n, v in runs[m][p].items()} for p in pipelines}
+        return {
+            "img_per_s": {p: {str(n): r for n, r in means[p].items()} for p in pipelines},
+            "efficiency": {p: {str(n): e for n, e in efficiency(means[p]).items()}
+                           for p in pipelines} if 1 in workers else {},
+            "runs": {p: {str(n): v for n, v in runs[m][p].items()} for p in pipelines},
+        }
+
+    result: dict[str, Any] = {
         "workers": list(workers), "pipelines": list(pipelines), "arch": arch,
         "image_size": image_size, "batch_size_per_worker": batch_size, "steps": steps,
         "repeats": repeats, "bind_to": bind_to, "cores": usable_cores(),
-        "tfrecords": str(tfrecords),
-        "img_per_s": {p: {str(n): r for n, r in means[p].items()} for p in pipelines},
-        "efficiency": {p: {str(n): e for n, e in efficiency(means[p]).items()}
-                       for p in pipelines} if 1 in workers else {},
-        "runs": {p: {str(n): v for n, v in runs[p].items()} for p in pipelines},
+        "env": dict(env or {}), "tfrecords": str(tfrecords), **summary(0.0),
         "cluster_seconds": {str(n): t for n, t in cluster_times.items()},
     }
+    if accelerator_ms:
+        result["emulated"] = {"accelerator_ms": float(accelerator_ms),
+                              **summary(float(accelerator_ms))}
+    return result
 
 
-def format_scaling(r: dict[str, Any]) -> str:
-    """Readable table of :func:`bench_scaling` results."""
-    lines = [f"{r['arch']} at {r['image_size']} px, batch {r['batch_size_per_worker']}/worker, "
-             f"{r['steps']} timed steps, bind-to {r['bind_to']}, {r['cores']} cores"]
-    lines.append(f"{'workers':>8}  " + "  ".join(f"{p + ' img/s':>12}  {'eff.':>5}"
-                                                  for p in r["pipelines"]))
+def _table(r: dict[str, Any], block: dict[str, Any]) -> list[str]:
+    lines = [f"{'workers':>8}  " + "  ".join(f"{p + ' img/s':>12}  {'eff.':>5}"
+                                             for p in r["pipelines"])]
     for n in r["workers"]:
         cells = []
         for p in r["pipelines"]:
-            eff = r["efficiency"].get(p, {}).get(str(n), float("nan"))
-            cells.append(f"{r['img_per_s'][p][str(n)]:12.1f}  {eff:5.2f}")
+            eff = block["efficiency"].get(p, {}).get(str(n), float("nan"))
+            cells.append(f"{block['img_per_s'][p][str(n)]:12.1f}  {eff:5.2f}")
         lines.append(f"{n:>8}  " + "  ".join(cells))
+    return lines
+
+
+def format_scaling(r: dict[str, Any]) -> str:
+    """Readable table of :func:`bench_scaling` results (and of the emulated accelerator)."""
+    lines = [f"{r['arch']} at {r['image_size']} px, batch {r['batch_size_per_worker']}/worker, "
+             f"{r['steps']} timed steps, bind-to {r['bind_to']}, {r['cores']} cores",
+             "model on the CPU (one core per worker):"]
+    lines += _table(r, r)
+    if "emulated" in r:
+        e = r["emulated"]
+        lines += [f"emulated accelerator ({e['accelerator_ms']:g} ms per step; the core only "
+                  "feeds it):"]
+        lines += _table(r, e)
     return "\n".join(lines)

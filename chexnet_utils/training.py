@@ -41,16 +41,16 @@ The same function trains on N Horovod workers (``mpirun -np N python -m chexnet_
 --horovod ...``, ``horovodrun``, or ipyparallel MPI engines driving :func:`train_on_engine`).
 The six changes that turn a single-worker Keras script into a Horovod one, and where each is:
 
-1. ``hvd.init()``: :func:`_world`;
-2. one GPU per process, pinned by local rank (on CPU: a thread budget): :func:`_world` calls
+1. ``hvd.init()``: :func:`init_world`;
+2. one GPU per process, pinned by local rank (on CPU: a thread budget): :func:`init_world` calls
    :func:`chexnet_utils.devices.pin_process`;
 3. learning rate scaled by the number of workers (:func:`_scaled_learning_rate`), reached
    gradually over ``warmup_epochs`` (Goyal et al.'s warm-up, the ``Warmup`` callback);
-4. gradients averaged across workers before the optimizer step: :func:`_gradient_reducer`
+4. gradients averaged across workers before the optimizer step: :func:`gradient_averager`
    returns ``hvd.grouped_allreduce(grads, op=hvd.Average)``, applied in the model's
    ``train_step`` (``hvd.DistributedGradientTape`` fails on Keras 3 variables);
 5. rank 0's model and optimizer variables broadcast to all before the first step:
-   :func:`_broadcast_initial_state`;
+   :func:`broadcast_initial_state`;
 6. checkpoints, logs and ``metrics.json`` written by rank 0 only.
 
 Besides: each worker reads its own shard files (``num_workers=size, worker_index=rank``),
@@ -60,13 +60,13 @@ the LR schedule see the whole job, not one worker's shard.
 
 Where each piece lives:
 
-* :func:`_world` gives ``(rank, size)``, ``(0, 1)`` when not distributed;
+* :func:`init_world` gives ``(rank, size)``, ``(0, 1)`` when not distributed;
 * the training pipeline gets ``num_workers=size, worker_index=rank`` (file-level sharding);
   ``steps_per_epoch`` defaults to ``train images // (batch_size * size)``;
-* :func:`_gradient_reducer` is the ``grads -> grads`` function the model's ``train_step``
+* :func:`gradient_averager` is the ``grads -> grads`` function the model's ``train_step``
   applies before the optimizer (:attr:`chexnet_utils.models.ChexNet.gradient_reducer`):
   ``None`` on one worker, ``hvd.grouped_allreduce(g, op=hvd.Average)`` under Horovod;
-* :func:`_broadcast_initial_state` runs once before the first step (after the optimizer is
+* :func:`broadcast_initial_state` runs once before the first step (after the optimizer is
   built), where Horovod broadcasts rank 0's model and optimizer variables;
 * :func:`_scaled_learning_rate` multiplies the learning rate by ``size`` (``scale_lr``);
 * only rank 0 writes checkpoints, logs and ``metrics.json``, prints progress, and evaluates
@@ -109,6 +109,9 @@ __all__ = [
     "METRICS_NAME",
     "TrainConfig",
     "TrainResult",
+    "broadcast_initial_state",
+    "gradient_averager",
+    "init_world",
     "load_checkpoint",
     "predict_split",
     "read_csv_log",
@@ -274,7 +277,7 @@ class TrainResult:
 # The data-parallel seams (Horovod fills these in; see the module docstring)
 # --------------------------------------------------------------------------------------------
 
-def _world(distributed: bool = False) -> tuple[int, int]:
+def init_world(distributed: bool = False) -> tuple[int, int]:
     """``(rank, size)`` of this process in the training job: ``(0, 1)`` when not distributed.
 
     Distributed: ``hvd.init()`` (steps 1 and 2 of the conversion: a no-op when already
@@ -292,7 +295,7 @@ def _world(distributed: bool = False) -> tuple[int, int]:
     return hvd.rank(), hvd.size()
 
 
-def _gradient_reducer(distributed: bool = False) -> Callable[[list[Any]], list[Any]] | None:
+def gradient_averager(distributed: bool = False) -> Callable[[list[Any]], list[Any]] | None:
     """The ``grads -> grads`` function of the model's ``train_step`` (``None``: identity).
 
     Distributed: every worker's gradients are averaged in one fused ``grouped_allreduce``
@@ -309,7 +312,7 @@ def _gradient_reducer(distributed: bool = False) -> Callable[[list[Any]], list[A
     return allreduce_average
 
 
-def _broadcast_initial_state(model: keras.Model, distributed: bool = False) -> None:
+def broadcast_initial_state(model: keras.Model, distributed: bool = False) -> None:
     """Make every worker start from rank 0's variables (model and optimizer). Called once,
     after the optimizer is built and before the first step. No-op when not distributed.
 
@@ -596,14 +599,14 @@ def _callback_classes() -> dict[str, type]:
             _write_json_atomic(self.ckpt_dir / STATE_NAME, self.state)
 
     class Broadcast(keras.callbacks.Callback):
-        """Calls :func:`_broadcast_initial_state` once at the start of training."""
+        """Calls :func:`broadcast_initial_state` once at the start of training."""
 
         def __init__(self, distributed: bool) -> None:
             super().__init__()
             self.distributed = distributed
 
         def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-            _broadcast_initial_state(self.model, self.distributed)
+            broadcast_initial_state(self.model, self.distributed)
 
     class MetricAverage(keras.callbacks.Callback):
         """Distributed: replace each worker's epoch training metrics (on its own shard) by
@@ -665,7 +668,7 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     t_start = time.perf_counter()
     cfg = config
     cfg.validate_values()
-    rank, size = _world(cfg.distributed)
+    rank, size = init_world(cfg.distributed)
     chief = rank == 0
     tfr = Path(cfg.tfrecords)
     out = Path(cfg.out_dir)
@@ -708,7 +711,7 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
                       jit_compile=False if cfg.distributed else "auto")
         state = {"format": STATE_FORMAT, "arch": cfg.arch, "image_size": cfg.image_size,
                  "epoch": 0, "best_epoch": None, "best_score": None, "history": []}
-    model.gradient_reducer = _gradient_reducer(cfg.distributed)
+    model.gradient_reducer = gradient_averager(cfg.distributed)
     model.optimizer.build(model.trainable_variables)  # variables exist before the broadcast
 
     train_ds = build_pipeline(cfg.pipeline, train_files, cfg.batch_size, cfg.image_size,

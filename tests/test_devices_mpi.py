@@ -56,3 +56,25 @@ def test_two_processes_get_distinct_ranks_and_a_share_of_the_cores():
     assert len({i["pid"] for i in infos}) == 2
     assert all(i["device"] == "CPU" and i["threads"] == devices.cpu_thread_budget(2)
                for i in infos)
+
+
+def test_mpi_yields_the_core_only_when_the_processes_fill_every_core(monkeypatch):
+    key = "OMPI_MCA_mpi_yield_when_idle"
+    monkeypatch.setattr(distributed, "usable_cores", lambda: 2)
+    assert distributed.mpi_env_overrides(2, base={})[key] == "1"
+    assert distributed.mpi_env_overrides(3, base={})[key] == "1"  # oversubscribed
+    assert key not in distributed.mpi_env_overrides(1, base={})  # nobody to wait for
+    # a user's choice wins (0: spin for the lowest latency)
+    assert key not in distributed.mpi_env_overrides(2, base={key: "0"})
+    assert distributed.mpi_environment(2, base={key: "0"})[key] == "0"
+    monkeypatch.setattr(distributed, "usable_cores", lambda: 40)  # a GPU node: spare cores
+    assert key not in distributed.mpi_env_overrides(4, base={})
+
+
+@pytest.mark.skipif(devices.usable_cores() > 2, reason="needs the processes to fill the cores")
+def test_mpi_processes_receive_the_yield_setting():
+    code = ("import json, os; print(json.dumps({'rank': int(os.environ['OMPI_COMM_WORLD_RANK']),"
+            " 'yield': os.environ.get('OMPI_MCA_mpi_yield_when_idle')}))")
+    infos = distributed.run_mpi_json(2, ["python", "-c", code], timeout=60)
+    assert sorted(i["rank"] for i in infos) == [0, 1]
+    assert all(i["yield"] == "1" for i in infos)

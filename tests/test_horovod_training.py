@@ -108,14 +108,48 @@ def test_bench_scaling_cli_writes_rates_and_efficiency(tfr_dir, tmp_path):
     out = tmp_path / "scaling.json"
     assert main(["bench", "scaling", "--workers", "1,2", "--tfrecords", str(tfr_dir),
                  "--image-size", "32", "--batch-size", "4", "--steps", "2",
+                 "--emulate-accelerator", "5", "--env", "HOROVOD_CYCLE_TIME=2",
                  "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    for p in ("old", "new"):
-        assert set(r["img_per_s"][p]) == {"1", "2"}
-        assert all(v > 0 for v in r["img_per_s"][p].values())
-        assert r["efficiency"][p]["1"] == pytest.approx(1.0)
-        assert r["efficiency"][p]["2"] == pytest.approx(
-            r["img_per_s"][p]["2"] / (2 * r["img_per_s"][p]["1"]))
+    assert r["env"] == {"HOROVOD_CYCLE_TIME": "2"}
+    assert r["emulated"]["accelerator_ms"] == 5.0
+    for block in (r, r["emulated"]):
+        for p in ("old", "new"):
+            assert set(block["img_per_s"][p]) == {"1", "2"}
+            assert all(v > 0 for v in block["img_per_s"][p].values())
+            assert block["efficiency"][p]["1"] == pytest.approx(1.0)
+            assert block["efficiency"][p]["2"] == pytest.approx(
+                block["img_per_s"][p]["2"] / (2 * block["img_per_s"][p]["1"]))
+    # a step can never beat the emulated device: 4 images per 5 ms per worker at most
+    for n in (1, 2):
+        assert r["emulated"]["img_per_s"]["new"][str(n)] < n * 4 / 0.005
+
+
+def test_emulated_step_waits_for_the_device_and_averages_across_engines(tfr_dir):
+    from dataclasses import asdict
+
+    from chexnet_utils.scaling import StepBenchConfig, throughput_on_engine
+
+    cfg = asdict(StepBenchConfig(str(tfr_dir), "new", image_size=32, batch_size=4,
+                                 warmup_steps=1, steps=4, accelerator_ms=50))
+    with MPICluster(n=2) as cluster:
+        res = cluster.run(throughput_on_engine, cfg, stream_rank0=False)
+    assert [r["rank"] for r in res] == [0, 1]
+    assert all(r["accelerator_ms"] == 50 for r in res)
+    assert all(r["seconds"] >= 4 * 0.050 for r in res)  # 4 steps of at least 50 ms each
+    assert res[0]["img_per_s"] == pytest.approx(4 * 4 * 2 / res[0]["seconds"])
+
+
+def test_bench_scaling_rejects_bad_arguments(tfr_dir):
+    from chexnet_utils.cli import main
+    from chexnet_utils.scaling import bench_scaling
+
+    with pytest.raises(ValueError, match="accelerator_ms"):
+        bench_scaling(tfr_dir, workers=[1], accelerator_ms=-1)
+    with pytest.raises(ValueError, match="worker counts"):
+        bench_scaling(tfr_dir, workers=[0, 2])
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        main(["bench", "scaling", "--tfrecords", str(tfr_dir), "--env", "NOVALUE"])
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])

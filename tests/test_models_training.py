@@ -372,7 +372,7 @@ def test_config_validation(tfr_dir: Path, tmp_path: Path) -> None:
         T.train(config(tfr_dir, tmp_path, pipeline="fast"))
     with pytest.raises(ValueError, match="warmup_epochs"):
         T.train(config(tfr_dir, tmp_path, warmup_epochs=-1))
-    assert T._world(False) == (0, 1)
+    assert T.init_world(False) == (0, 1)
 
 
 # --------------------------------------------------------------------------------------------

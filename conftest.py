@@ -1,0 +1,33 @@
+"""Repository-wide pytest hooks: a per-notebook wall-time table at the end of ``make test``.
+
+``--durations`` lists single cells; the table adds them up per notebook (kernel start and
+stop included), so a slow notebook is visible at a glance. The CI budget for the whole suite
+is 20 minutes on 2 cores (``CHEXNET_TEST_BUDGET_MIN`` to change it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+from chexnet_utils.nbtools import format_wall_times, notebook_of
+
+_notebook_seconds: dict[str, float] = defaultdict(float)
+_other_seconds = [0.0]
+
+
+def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201
+    nb = notebook_of(report.nodeid)
+    if nb is None:
+        _other_seconds[0] += report.duration
+    else:
+        _notebook_seconds[nb] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):  # noqa: ANN001, ANN201
+    if not _notebook_seconds:
+        return
+    budget = float(os.environ.get("CHEXNET_TEST_BUDGET_MIN", 20))
+    terminalreporter.write_sep("=", "notebook wall times")
+    terminalreporter.write_line(format_wall_times(dict(_notebook_seconds), _other_seconds[0],
+                                                  budget))
