@@ -60,7 +60,7 @@ bench: setup data
 	  "$$($(PY) -c 'from chexnet_utils.config import data_dir; print(data_dir())')"
 	$(PY) -m chexnet_utils bench pipelines --tfrecords $(BUILD)/tfrecords-full \
 	  --json $(BUILD)/bench-pipelines.json
-	$(PY) -m chexnet_utils bench scaling --workers $(BENCH_WORKERS) \
+	$(PY) -m chexnet_utils bench scaling --workers $(BENCH_WORKERS) --emulate-accelerator 20 \
 	  --tfrecords $(BUILD)/tfrecords-full --json $(BUILD)/bench-scaling.json
 
 lab: setup
