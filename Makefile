@@ -17,12 +17,13 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup test unit notebooks tutorial lab data bench clean distclean
+.PHONY: help setup test unit notebooks tutorial lab browser-check data bench clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
 	@echo "make test       set up, run the unit tests and every notebook under nbval"
 	@echo "make lab        set up and start JupyterLab with the project kernel"
+	@echo "make browser-check  open every notebook in headless Chromium -> $(BUILD)/browser/*.png"
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
 	@echo "make bench      conversion, old vs new pipeline, Horovod scaling -> $(BUILD)/bench-*.json"
@@ -63,8 +64,16 @@ bench: setup data
 	$(PY) -m chexnet_utils bench scaling --workers $(BENCH_WORKERS) --emulate-accelerator 20 \
 	  --tfrecords $(BUILD)/tfrecords-full --json $(BUILD)/bench-scaling.json
 
+# JupyterLab on 127.0.0.1 offering only the project kernel, with ipyparallel's sidebar
+# (chexnet_utils/lab.py); extra options through LAB_ARGS, e.g. LAB_ARGS="--port 8801".
+LAB_ARGS ?=
 lab: setup
-	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
+	$(PY) -m chexnet_utils.lab --notebook-dir=notebooks $(LAB_ARGS)
+
+# The same JupyterLab headless; Chromium opens each notebook, checks its title and kernel,
+# and saves build/browser/NN_*.png (also part of `make test`).
+browser-check: setup
+	$(PY) -m pytest tests/test_browser.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(BUILD) .pytest_cache

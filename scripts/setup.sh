@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # make setup: everything the notebooks and tests need, from nothing, idempotently.
-#   1. Open MPI (Debian packages) if mpicc is missing
+#   1. Open MPI (Debian packages) if mpicc is missing; Chromium (Debian) for the browser test
 #   2. a virtual environment with the pinned stack (requirements/base.txt)
 #   3. Horovod built from source with MPI + Gloo against that TensorFlow, the wheel cached
 #      under $CHEXNET_CACHE keyed by Horovod, TensorFlow, Python and MPI versions
-#   4. chexnet_utils (editable), a Jupyter kernel, and a loud capability check
+#   4. chexnet_utils (editable), a Jupyter kernel, ipyparallel's JupyterLab extension,
+#      and a loud capability check
 # Environment: VENV (default .venv), PYTHON (interpreter to create it with), CONDA=1 to use
 # the active conda env instead of a venv, HOROVOD_REBUILD=1 to ignore the wheel cache.
 set -euo pipefail
@@ -22,13 +23,25 @@ if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; th
   if [ "$(id -u)" = 0 ]; then
     say "installing Open MPI from Debian packages"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
+    apt-get update -qq && apt_updated=1
     apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
   else
     echo "Open MPI is missing and this is not root. Run:" >&2
     echo "    sudo apt-get update && sudo apt-get install -y openmpi-bin libopenmpi-dev" >&2
     echo "(or use environment.yml with conda, which brings openmpi), then make setup again." >&2
     exit 1
+  fi
+fi
+# Chromium only serves tests/test_browser.py: without root it is skipped there, not fatal here.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    say "installing Chromium from Debian packages (for the browser test)"
+    export DEBIAN_FRONTEND=noninteractive
+    [ "${apt_updated:-0}" = 1 ] || apt-get update -qq
+    apt-get install -y -qq chromium >/dev/null
+  else
+    echo "Chromium is missing and this is not root; tests/test_browser.py will be skipped. Run:" >&2
+    echo "    sudo apt-get update && sudo apt-get install -y chromium" >&2
   fi
 fi
 MPI_VERSION=$(mpirun --version 2>/dev/null | head -n1 | sed 's/[^0-9.]*\([0-9][0-9.]*\).*/\1/')
@@ -111,8 +124,28 @@ fi
 
 # 4. the package, the kernel, the check ------------------------------------------------
 "${PIP[@]}" install -q --no-deps --no-build-isolation -e .
-"$PY" -m ipykernel install --user --name "$KERNEL_NAME" \
-  --display-name "Python (chexnet-at-scale)" >/dev/null
+# In the environment (what `make lab` and the tests use: Jupyter prefers it over the user's
+# folder, which another checkout's setup may have pointed at its own venv) and for the user
+# (for a Jupyter outside this environment).
+for where in --sys-prefix --user; do
+  "$PY" -m ipykernel install "$where" --name "$KERNEL_NAME" \
+    --display-name "Python (chexnet-at-scale)" >/dev/null
+done
 say "Jupyter kernel '$KERNEL_NAME' registered"
+# ipyparallel's wheel ships its JupyterLab extension (the "IPython Parallel" sidebar) and
+# server extension, enabled; enable them again only if something disabled them.
+ipp_enabled() {   # (output captured first: grep -q closing the pipe early trips pipefail)
+  local lab server
+  lab=$("$PY" -m jupyter labextension list 2>&1) || return 1
+  server=$("$PY" -m jupyter server extension list 2>&1) || return 1
+  grep -Eq 'ipyparallel-labextension .*enabled' <<<"$lab" && grep -Eq '^ +ipyparallel .*enabled' <<<"$server"
+}
+if ! ipp_enabled; then
+  say "enabling ipyparallel's JupyterLab and server extensions"
+  "$PY" -m jupyter server extension enable --sys-prefix ipyparallel >/dev/null 2>&1
+  "$PY" -m jupyter labextension enable ipyparallel-labextension >/dev/null 2>&1
+  ipp_enabled || { echo "ipyparallel's JupyterLab extension is not enabled (jupyter labextension list)" >&2; exit 1; }
+fi
+say "ipyparallel JupyterLab extension enabled"
 "$PY" -m chexnet_utils envcheck --require tensorflow,horovod,mpi,gloo
 say "setup finished in $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,190 @@
+"""Browser check: each notebook opens in JupyterLab (as ``make lab`` starts it) and renders.
+
+JupyterLab runs headless on loopback (a free port, a known token) over a temporary copy of
+``notebooks/``, so the committed notebooks get no kernel metadata, autosave or checkpoints.
+Debian's Chromium, driven by Playwright, opens each ``notebooks/NN_*.ipynb`` and must show
+the notebook's title (the first ``# `` heading of its first markdown cell) as a rendered h1,
+the project kernel in the kernel selector, and ipyparallel's "IPython Parallel" sidebar.
+A screenshot per notebook goes to ``build/browser/``. Teardown stops Chromium, JupyterLab
+and its kernels and fails if any process this module started is still alive.
+
+Chromium comes from ``scripts/setup.sh`` (``apt-get install chromium`` as root). Without it
+the browser tests are skipped when not root (say so in the reason), and fail as root, where
+setup should have installed it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import psutil
+import pytest
+
+from chexnet_utils.lab import (PROJECT_KERNEL, PROJECT_KERNEL_DISPLAY, LabServer, heading_text,
+                               lab_args, main, notebook_title)
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+CHROMIUM = Path(os.environ.get("CHEXNET_CHROMIUM", "/usr/bin/chromium"))
+SHOTS = ROOT / "build" / "browser"
+TIMEOUT_MS = 90_000   # per notebook: JupyterLab's first load on a busy 2-core machine
+
+
+# --- without a browser ---------------------------------------------------------------------
+
+def test_heading_text_strips_markdown():
+    assert heading_text("# 02 · The old vs the new `tf.data` recipe") == \
+        "02 · The old vs the new tf.data recipe"
+    assert heading_text("#  A **bold** and *italic* [link](x.md) title ##") == \
+        "A bold and italic link title"
+    assert heading_text("# snake_case_name stays") == "snake_case_name stays"
+
+
+def test_notebook_title_is_first_heading_of_first_markdown_cell(tmp_path):
+    import json
+    path = tmp_path / "x.ipynb"
+    path.write_text(json.dumps({"cells": [
+        {"cell_type": "code", "source": "# not this\n", "metadata": {}, "outputs": []},
+        {"cell_type": "markdown", "source": ["Intro\n", "# 07 · The `title`\n", "# later\n"],
+         "metadata": {}},
+    ]}))
+    assert notebook_title(path) == "07 · The title"
+    path.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": "## only h2"}]}))
+    with pytest.raises(ValueError, match="no '# ' heading"):
+        notebook_title(path)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_notebook_has_a_numbered_title(notebook):
+    assert notebook_title(notebook).startswith(notebook.name[:2] + " ")
+
+
+def test_make_lab_is_loopback_with_only_the_project_kernel(monkeypatch, capsys):
+    args = lab_args("notebooks")
+    assert "--ip=127.0.0.1" in args
+    assert f"--KernelSpecManager.allowed_kernelspecs={PROJECT_KERNEL}" in args
+    assert f"--MappingKernelManager.default_kernel_name={PROJECT_KERNEL}" in args
+    calls = []
+    monkeypatch.setattr(os, "execv", lambda exe, argv: calls.append(argv))
+    main(["--notebook-dir", "nb", "--port", "8801"])
+    (argv,) = calls
+    assert argv[1:4] == ["-m", "jupyter", "lab"]
+    assert "--ServerApp.root_dir=nb" in argv and argv[-2:] == ["--port", "8801"]
+    assert "jupyter lab" in capsys.readouterr().out
+
+
+# --- JupyterLab and Chromium ---------------------------------------------------------------
+
+def _own_processes() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab over a copy of the notebooks; afterwards no process of ours may remain."""
+    before = _own_processes()
+    root = tmp_path_factory.mktemp("lab-notebooks")
+    for nb in NOTEBOOKS:
+        shutil.copy2(nb, root / nb.name)
+    server = LabServer(root)
+    try:
+        with server:
+            yield server
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        _, alive = psutil.wait_procs(leftover, timeout=10)
+        described = []
+        for p in alive:
+            try:
+                described.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        assert not described, "processes left after teardown (now killed):\n" + "\n".join(described)
+        assert server.state_dir is None
+
+
+@pytest.fixture(scope="module")
+def browser(lab):
+    """Headless Debian Chromium through Playwright (no browser download)."""
+    if not CHROMIUM.exists():
+        how = "sudo apt-get update && sudo apt-get install -y chromium"
+        if os.geteuid() == 0:
+            pytest.fail(f"{CHROMIUM} is missing although this is root: `make setup` installs it "
+                        f"(or run: {how})")
+        pytest.skip(f"browser check skipped: Debian chromium is not installed at {CHROMIUM} and "
+                    f"this is not root, so `make setup` could not install it; run: {how}")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:   # pinned in requirements/base.txt
+        pytest.fail(f"playwright is not installed ({exc}); run `make setup`")
+    pw = sync_playwright().start()
+    try:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                      args=["--disable-dev-shm-usage", "--disable-gpu"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+    finally:
+        pw.stop()
+
+
+def test_lab_serves_project_kernel_and_ipyparallel(lab):
+    specs = lab.request("/api/kernelspecs")
+    assert specs["default"] == PROJECT_KERNEL
+    assert list(specs["kernelspecs"]) == [PROJECT_KERNEL], "only the project kernel is offered"
+    assert specs["kernelspecs"][PROJECT_KERNEL]["spec"]["display_name"] == PROJECT_KERNEL_DISPLAY
+    extensions = {e["name"]: e for e in lab.request("/lab/api/extensions")}
+    ipp = extensions.get("ipyparallel-labextension")
+    assert ipp and ipp["enabled"] and ipp["status"] == "ok", "ipyparallel's JupyterLab extension"
+    assert isinstance(lab.request("/ipyparallel/clusters"), list), "ipyparallel's server extension"
+
+
+def _shut_down_kernels(lab: LabServer, path: str) -> None:
+    for session in lab.request("/api/sessions"):
+        if session["path"] == path:
+            lab.request(f"/api/sessions/{session['id']}", method="DELETE")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_renders_title_with_project_kernel(lab, browser, notebook):
+    from playwright.sync_api import expect
+
+    title = notebook_title(notebook)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        # A workspace per notebook: each page opens this notebook only.
+        page.goto(lab.url(f"/lab/workspaces/t{notebook.name[:2]}/tree/{quote(notebook.name)}"))
+        heading = page.locator(".jp-NotebookPanel .jp-RenderedMarkdown h1").first
+        # The rendered text, less the heading's anchor link (a hidden "¶").
+        expect(heading).to_have_text(re.compile(rf"^\s*{re.escape(title)}\s*¶?\s*$"),
+                                     timeout=TIMEOUT_MS)
+        expect(page.locator(".jp-NotebookPanel-toolbar .jp-KernelName")).to_have_text(
+            PROJECT_KERNEL_DISPLAY, timeout=TIMEOUT_MS)
+        expect(page.locator('.jp-SideBar .lm-TabBar-tab[title="IPython Parallel"]')).to_have_count(1)
+        deadline = time.monotonic() + TIMEOUT_MS / 1000
+        while True:   # the kernel behind the selector really is the project kernel, alive
+            kernels = [s["kernel"] for s in lab.request("/api/sessions")
+                       if s["path"] == notebook.name]
+            if kernels and kernels[0]["execution_state"] in ("idle", "busy"):
+                break
+            assert time.monotonic() < deadline, f"kernel did not start: {kernels}\n{lab.log_tail()}"
+            time.sleep(0.25)
+        assert kernels[0]["name"] == PROJECT_KERNEL
+    finally:
+        try:
+            page.screenshot(path=str(SHOTS / f"{notebook.stem}.png"))
+        finally:
+            context.close()
+            _shut_down_kernels(lab, notebook.name)
