@@ -17,6 +17,8 @@ Notebooks narrate; this package implements. Modules, one concern each:
   (parameter server vs ring-allreduce, cost model, Horovod timeline);
 - measuring and showing: :mod:`~chexnet_utils.benchmark`, :mod:`~chexnet_utils.plots`,
   :mod:`~chexnet_utils.results`;
+- exercises: :mod:`~chexnet_utils.exercises` (``check_...`` helpers that tell the learner
+  whether an exercise's answer is right);
 - plumbing: :mod:`~chexnet_utils.config` (``CHEXNET_SCALE``, ``CHEXNET_DATA_DIR``),
   :mod:`~chexnet_utils.envcheck`, :mod:`~chexnet_utils.atomic`, :mod:`~chexnet_utils.nbtools`,
   :mod:`~chexnet_utils.tutorial`, :mod:`~chexnet_utils.cli` (``python -m chexnet_utils``).

@@ -1,0 +1,464 @@
+"""Answer checks for the notebooks' exercises: is my answer right?
+
+Every notebook ends with exercises. Under each one whose answer is a number, a set or a
+claim, a cell holds ``answer = None`` and a call such as ``exercises.check_thread_budget(answer)``.
+Put your answer in place of ``None`` and run the cell: the check prints ``Correct: ...`` or
+``Not yet: <a hint>`` and returns ``True`` or ``False``. It never raises on a wrong or
+missing answer.
+
+No check knows the answer in advance. Each one recomputes it from what you pass in: your
+data set, your TFRecords, your measurements, your fitted cost model, and the package's own
+functions. So a check is right on your machine and your data, whatever numbers they give.
+
+======== ============================= ===============================================
+notebook exercise                      check
+======== ============================= ===============================================
+00       1 thread budget               :func:`check_thread_budget`
+00       2 ``hvd.rank()`` as GPU index :func:`check_ranks_without_local_gpu`
+00       3 GPU node capabilities       :func:`check_gpu_capabilities`
+01       1 shards of 50 images         :func:`check_shard_layout`
+01       3 why patients leak           :func:`check_images_per_patient`
+02       1 sum vs max                  :func:`check_step_times`
+02       2 no parallel decoding        :func:`check_ablation_step`
+02       3 worker shares               :func:`check_worker_shares`
+03       1 old pipeline, resized data  :func:`check_which_is_faster`
+03       2 resume                      :func:`check_resume_epoch`
+03       3 Grad-CAM at an early layer  :func:`check_feature_map_side`
+03       4 full-size shards            :func:`check_full_size_prediction`
+05       1, 2 predicted efficiency     :func:`check_efficiency`
+05       3 parameter-server shards     :func:`check_ps_shards`
+05       4 a 10 ms cycle time          :func:`check_which_is_faster`
+======== ============================= ===============================================
+
+The other exercises ask you to explain something; their solutions are in the notebooks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from chexnet_utils import benchmark, comm, devices, envcheck, leakage, pipelines, tfrecords
+from chexnet_utils.nih import ImageRecord
+
+__all__ = [
+    "check_ablation_step",
+    "check_efficiency",
+    "check_feature_map_side",
+    "check_full_size_prediction",
+    "check_gpu_capabilities",
+    "check_images_per_patient",
+    "check_ps_shards",
+    "check_ranks_without_local_gpu",
+    "check_resume_epoch",
+    "check_shard_layout",
+    "check_step_times",
+    "check_thread_budget",
+    "check_which_is_faster",
+    "check_worker_shares",
+]
+
+SAME = "same"
+"""The answer of :func:`check_which_is_faster` when neither is clearly faster."""
+
+
+def _verdict(ok: bool, correct: str, hint: str) -> bool:
+    """Print ``Correct: ...`` or ``Not yet: ...`` and return ``ok``."""
+    print(f"Correct: {correct}" if ok else f"Not yet: {hint}")
+    return ok
+
+
+def _missing(answer: Any, hint: str) -> bool:
+    """``True`` (after printing a hint) when the answer is still the ``None`` placeholder."""
+    if answer is None:
+        print(f"Not yet: replace `answer = None` with your answer. Hint: {hint}")
+        return True
+    return False
+
+
+def _number(x: Any) -> float | None:
+    """``x`` as a float, or ``None`` when it is not a number."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _close(answer: Any, expected: float, rel: float = 0.0, abs_: float = 0.0) -> bool:
+    value = _number(answer)
+    return value is not None and math.isclose(value, expected, rel_tol=rel, abs_tol=abs_)
+
+
+def _pair(answer: Any) -> tuple[float, float] | None:
+    """``(a, b)`` from a 2-sequence of numbers, else ``None``."""
+    if isinstance(answer, str) or not isinstance(answer, Sequence) or len(answer) != 2:
+        return None
+    a, b = _number(answer[0]), _number(answer[1])
+    return None if a is None or b is None else (a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# 00 environment check
+# ---------------------------------------------------------------------------------------
+
+def check_thread_budget(answer: int | None, n_processes: int = 3,
+                        cores: int | None = None) -> bool:
+    """00, exercise 1: threads per process when ``n_processes`` share the cores.
+
+    ``cores`` defaults to the cores this process may use (:func:`devices.usable_cores`).
+    """
+    cores = cores or devices.usable_cores()
+    expected = devices.cpu_thread_budget(n_processes, cores)
+    if _missing(answer, "look at cpu_thread_budget in chexnet_utils/devices.py"):
+        return False
+    return _verdict(
+        _close(answer, expected),
+        f"{n_processes} processes on {cores} core(s) get max(1, {cores} // {n_processes}) = "
+        f"{expected} thread(s) each, " + (
+            "and together they still oversubscribe the cores: never start more processes "
+            "than cores." if n_processes > cores else
+            "so together they ask for no more threads than there are cores."),
+        f"the cores are shared: divide the {cores} core(s) among the {n_processes} processes, "
+        "rounding down, but give every process at least one thread.")
+
+
+def check_ranks_without_local_gpu(answer: Iterable[int] | None, nodes: int = 2,
+                                  gpus_per_node: int = 4) -> bool:
+    """00, exercise 2: which global ranks break ``gpus[hvd.rank()]`` on ``nodes`` nodes with
+    ``gpus_per_node`` GPUs (one process per GPU, ranks filled node by node)?"""
+    ranks = range(nodes * gpus_per_node)
+    expected = {r for r in ranks if r >= gpus_per_node}  # each node lists only its own GPUs
+    if _missing(answer, "write the set of ranks, e.g. {1, 2}; each node's "
+                        f"tf.config.list_physical_devices('GPU') has {gpus_per_node} entries"):
+        return False
+    try:
+        given = None if isinstance(answer, str) else {int(r) for r in answer}
+    except (TypeError, ValueError):
+        given = None
+    return _verdict(
+        given == expected,
+        f"ranks {sorted(expected)} index past their node's {gpus_per_node} GPUs (IndexError). "
+        f"The local rank (0..{gpus_per_node - 1} on every node) is the right index.",
+        f"rank r runs on node r // {gpus_per_node} and sees only that node's GPUs, "
+        f"numbered 0..{gpus_per_node - 1}. Which ranks r are too large to index them?")
+
+
+def check_gpu_capabilities(answer: str | Iterable[str] | None,
+                           already: Sequence[str] = ("tensorflow", "horovod", "mpi", "gloo")
+                           ) -> bool:
+    """00, exercise 3: the capabilities to require on a GPU node besides ``already``.
+
+    ``answer``: names from :data:`envcheck.CAPABILITIES` (a set, a list or ``"a,b"``).
+    ``nccl`` is needed (NVIDIA's collectives for the allreduce); ``gpu`` is welcome too.
+    """
+    extra = [c for c in envcheck.CAPABILITIES if c not in already]
+    if _missing(answer, f"choose among {extra}"):
+        return False
+    names = answer.split(",") if isinstance(answer, str) else list(answer)
+    given = {str(n).strip().lower() for n in names if str(n).strip()} - set(already)
+    unknown = given - set(extra)
+    ok = "nccl" in given and not unknown
+    return _verdict(
+        ok,
+        f"require {sorted(given)}: python -m chexnet_utils envcheck --require "
+        f"{','.join([*already, *sorted(given)])}. NCCL is what makes the allreduce fast on "
+        "GPUs" + ("." if "gpu" in given else "; 'gpu' (TensorFlow sees a GPU) is a good addition."),
+        f"unknown capability {sorted(unknown)}; choose among {extra}" if unknown else
+        "which build option of Horovod gives the GPU collectives (see the table in section 2)?")
+
+
+# ---------------------------------------------------------------------------------------
+# 01 data preparation
+# ---------------------------------------------------------------------------------------
+
+def check_shard_layout(answer: tuple[int, int] | None, tfrecords_dir: Path | str,
+                       shard_size: int = 50, split: str = "train") -> bool:
+    """01, exercise 1: ``(number of shards, images in the last shard)`` of ``split`` when
+    converting with ``shard_size``.
+
+    The number of images in the split is read from the manifest of any conversion of the same
+    data set with the same split parameters (e.g. ``full_dir``, or your own ``shard_size=50``
+    folder).
+    """
+    n = int(tfrecords.load_manifest(tfrecords_dir)["splits"][split]["images"])
+    n_shards = math.ceil(n / shard_size)
+    last = n - shard_size * (n_shards - 1)
+    if _missing(answer, f"the {split} split has {n} images; write (shards, images in the last)"):
+        return False
+    return _verdict(
+        _pair(answer) == (n_shards, last),
+        f"{n} {split} images in shards of {shard_size}: ceil({n} / {shard_size}) = {n_shards} "
+        f"shards, the last holds {n} - {shard_size} x {n_shards - 1} = {last}."
+        + (f" A writer that keeps only full shards would silently drop those {last}."
+           if last < shard_size else ""),
+        f"the {split} split has {n} images; every shard but the last holds {shard_size}, "
+        "and the last takes the remainder (it is written, not dropped).")
+
+
+def check_images_per_patient(answer: float | None, records: Sequence[ImageRecord]) -> bool:
+    """01, exercise 3: the mean number of images per patient in ``records`` (e.g.
+    ``ds.records``): what makes an image-level split leak."""
+    patients = {r.patient_id for r in records}
+    expected = len(records) / len(patients)
+    if _missing(answer, "count the images and the distinct patient_id values of the records"):
+        return False
+    if not _close(answer, expected, rel=0.02, abs_=0.01):
+        return _verdict(False, "", f"divide the number of images ({len(records)}) by the "
+                        "number of distinct patient_id values.")
+    # the consequence, computed on the same records: with and without repeat patients
+    first_image: dict[int, ImageRecord] = {}
+    for r in records:
+        first_image.setdefault(r.patient_id, r)
+    leaked = leakage.patients_on_both_sides(leakage.image_level_split(records))
+    single = leakage.patients_on_both_sides(leakage.image_level_split(list(first_image.values())))
+    return _verdict(True, f"{len(records)} images of {len(patients)} patients: {expected:.2f} "
+                    f"per patient. An image-level split leaves {leaked['patients_in_both']:.0f} "
+                    "patients on both sides; keep one image per patient and it leaves "
+                    f"{single['patients_in_both']:.0f}.", "")
+
+
+# ---------------------------------------------------------------------------------------
+# 02 input pipeline
+# ---------------------------------------------------------------------------------------
+
+STEP_TIME_KEYS = ("sequential_ms", "pipelined_ms", "wait_sequential_ms", "wait_pipelined_ms")
+"""What :func:`check_step_times` expects: step time and accelerator wait per step, without
+(sequential) and with prefetch (pipelined)."""
+
+
+def check_step_times(answer: Mapping[str, float] | None, cpu_ms: float,
+                     accel_ms: float) -> bool:
+    """02, exercise 1: step time and accelerator wait, without and with prefetch.
+
+    ``answer``: ``{"sequential_ms": ..., "pipelined_ms": ..., "wait_sequential_ms": ...,
+    "wait_pipelined_ms": ...}``. Without prefetch a step costs the sum and the accelerator
+    waits for every batch; with prefetch a step costs the max and the accelerator waits
+    only for what the CPU half takes longer.
+    """
+    expected = {"sequential_ms": cpu_ms + accel_ms, "pipelined_ms": max(cpu_ms, accel_ms),
+                "wait_sequential_ms": cpu_ms, "wait_pipelined_ms": max(0.0, cpu_ms - accel_ms)}
+    if _missing(answer, f"a dict with the keys {list(STEP_TIME_KEYS)}, in milliseconds"):
+        return False
+    if not isinstance(answer, Mapping) or set(answer) != set(STEP_TIME_KEYS):
+        return _verdict(False, "", f"give a dict with exactly the keys {list(STEP_TIME_KEYS)}")
+    wrong = [k for k in STEP_TIME_KEYS if not _close(answer[k], expected[k], abs_=0.5)]
+    return _verdict(
+        not wrong,
+        f"sum {expected['sequential_ms']:g} ms vs max {expected['pipelined_ms']:g} ms per step; "
+        f"the accelerator waits {expected['wait_sequential_ms']:g} ms without prefetch and "
+        f"{expected['wait_pipelined_ms']:g} ms with it."
+        + (" A faster input pipeline buys nothing now: the accelerator is the bottleneck."
+           if accel_ms >= cpu_ms else ""),
+        f"recheck {wrong}: one after the other, a step costs cpu + accelerator; overlapped, "
+        "max(cpu, accelerator), and the accelerator waits only when the CPU half is longer.")
+
+
+def check_ablation_step(answer: int | str | None,
+                        steps: Sequence[tuple[str, pipelines.PipelineOptions]] | None = None
+                        ) -> bool:
+    """02, exercise 2: which ablation step the new approach without parallel decoding
+    corresponds to (its index, or its label).
+
+    ``steps`` defaults to :func:`pipelines.ablation_steps`. The answer is the last step
+    that still decodes on one core: the changes after it only pay off with parallel decoding.
+    """
+    steps = list(steps or pipelines.ablation_steps())
+    expected = max(i for i, (_, options) in enumerate(steps) if not options.parallel_map)
+    label = steps[expected][0]
+    if _missing(answer, "the step number (0..) or label printed in section 3.6"):
+        return False
+    given = str(answer).strip().lower()
+    ok = _close(answer, expected) or given == label.lower()
+    return _verdict(
+        ok,
+        f"step {expected} ('{label}'): like it, the serial pipeline decodes one image at a "
+        "time, so it runs at about one core's decode rate. What the new approach gains on one "
+        "worker comes from parallel decoding.",
+        "which switch did you turn off? Find the last step of the ablation before that switch "
+        "is turned on.")
+
+
+def check_worker_shares(answer: tuple[int, int] | None, files: Sequence[Path | str],
+                        num_workers: int = 4, counts: Sequence[int] | None = None) -> bool:
+    """02, exercise 3: ``(largest, smallest)`` number of images a worker keeps with the new
+    approach (file-level sharding), from :func:`benchmark.shard_counts`."""
+    kept = [row["new_kept"] for row in benchmark.shard_counts(files, num_workers, counts)]
+    expected = (max(kept), min(kept))
+    if _missing(answer, f"benchmark.shard_counts(files, {num_workers}, counts=counts): look at "
+                        "new_kept; write (largest, smallest)"):
+        return False
+    ratio = expected[0] / expected[1] if expected[1] else math.inf
+    return _verdict(
+        _pair(answer) == expected,
+        f"{len(files)} shards over {num_workers} workers: the workers keep {kept} images, "
+        f"largest/smallest = {ratio:.2f}. Horovod waits for the slowest at every step.",
+        f"worker i of {num_workers} opens files i, i + {num_workers}, ...: add up the "
+        "records of its files (the new_kept column).")
+
+
+# ---------------------------------------------------------------------------------------
+# 03 training, and 05: a measured comparison
+# ---------------------------------------------------------------------------------------
+
+def check_which_is_faster(answer: str | None, measured: Mapping[str, float | None],
+                          higher_is_faster: bool = True, same_within: float = 0.2) -> bool:
+    """03 exercise 1, 05 exercise 4: your prediction of which of two measurements is faster.
+
+    ``measured``: ``{name: value}`` for the two settings, measured by you (images/s with
+    ``higher_is_faster=True``, seconds with ``False``). ``answer``: the faster name, or
+    ``"same"`` when neither is more than ``same_within`` (20 %) faster: differences of that
+    size are noise on a shared machine.
+    """
+    names = list(measured)
+    if len(names) != 2:
+        raise ValueError(f"measured needs exactly two settings, got {names}")
+    if _missing(answer, f"write one of {[*names, SAME]}"):
+        return False
+    not_measured = [n for n in names if _number(measured[n]) is None]
+    if not_measured:
+        return _verdict(False, "", f"measure {not_measured} first and pass the value(s).")
+    a, b = (float(measured[n]) for n in names)  # type: ignore[arg-type]
+    fast, slow = (names[0], names[1]) if (a > b) == higher_is_faster else (names[1], names[0])
+    speedup = max(a, b) / min(a, b) if min(a, b) > 0 else math.inf
+    expected = SAME if speedup <= 1 + same_within else fast
+    shown = ", ".join(f"{n} {measured[n]:.4g}" for n in names)
+    return _verdict(
+        str(answer).strip().lower() == expected.lower(),
+        f"measured {shown}: " + (f"within {same_within:.0%} of each other, the same within "
+                                 "the noise." if expected == SAME else
+                                 f"{fast} is {speedup:.2f}x faster than {slow}."),
+        f"your measurements say {shown} ({'higher' if higher_is_faster else 'lower'} is "
+        f"faster); a difference of up to {same_within:.0%} counts as '{SAME}'.")
+
+
+def check_resume_epoch(answer: int | None, epochs_done: int) -> bool:
+    """03, exercise 2: the epoch a resumed run starts with, counted from 1 as the progress
+    lines and the log table do. ``epochs_done``: ``result.epochs`` of the first run."""
+    expected = epochs_done + 1
+    if _missing(answer, "how many epochs did the first run finish (result.epochs)?"):
+        return False
+    return _verdict(
+        _close(answer, expected),
+        f"{epochs_done} epochs were done, so it trains epoch {expected} next "
+        f"(Keras' 0-based initial_epoch={epochs_done}) with the learning rate, plateau "
+        "counters and optimizer state saved after the last epoch.",
+        f"the run finished {epochs_done} epochs" + (
+            "; that is Keras' 0-based initial_epoch, but the progress lines count from 1"
+            if _close(answer, epochs_done) else "") + ". Which one comes next?")
+
+
+def _find_layer(model: Any, name: str) -> Any:
+    """The layer called ``name`` (or at path ``"backbone/name"``), looked up in nested models."""
+    path = name.split("/")
+    if len(path) > 1:
+        for part in path:
+            model = model.get_layer(part)
+        return model
+    for layer in model.layers:
+        if layer.name == name:
+            return layer
+        if hasattr(layer, "layers"):
+            try:
+                return _find_layer(layer, name)
+            except ValueError:
+                pass
+    raise ValueError(f"no layer {name!r} in model {model.name!r}")
+
+
+def check_feature_map_side(answer: int | None, model: Any, layer_name: str) -> bool:
+    """03, exercise 3: the side (height = width) of the feature map of ``layer_name`` in
+    ``model``, i.e. the resolution of a Grad-CAM map computed there."""
+    from chexnet_utils.explain import last_conv_layer
+
+    side = int(_find_layer(model, layer_name).output.shape[1])
+    last = int(_find_layer(model, last_conv_layer(model)).output.shape[1])
+    if _missing(answer, f"model.get_layer('backbone').get_layer('{layer_name}').output.shape"):
+        return False
+    return _verdict(
+        _close(answer, side),
+        f"{layer_name} is {side} x {side}, the last feature map {last} x {last}" + (
+            f": {side / last:g} times finer, but an early layer responds to edges and "
+            "textures, whatever the class." if side > last else "."),
+        "the input image is divided by every stride and pooling before that layer: print "
+        "the layer's output.shape.")
+
+
+def check_full_size_prediction(answer: float | None, fed_full: Any,
+                               tolerance: float = 0.3) -> bool:
+    """03, exercise 4: predicted images/s of training from the full-size shards.
+
+    ``fed_full``: section 5's measurement of that feed (``fed[FULL]``, a
+    :class:`benchmark.FedTrainingResult`). A prediction within ``tolerance`` (30 %) of its
+    ``fed`` rate counts: that measurement *is* training fed by this pipeline.
+    """
+    fed, bound = fed_full.fed, fed_full.pipelined_bound
+    if _missing(answer, "look at the 'fed' rate of the full-size shards in section 5"):
+        return False
+    value = _number(answer)
+    ok = value is not None and abs(value - fed) <= tolerance * fed
+    return _verdict(
+        ok,
+        f"section 5 measured {fed:.0f} images/s fed from the full-size shards. A one-epoch run "
+        "comes out a little lower still (tracing and warm-up are in it).",
+        f"training cannot beat min(pipeline alone, in memory) = {bound:.0f} images/s"
+        if value is not None and value > bound else
+        "section 5 already measured training fed by this very pipeline.")
+
+
+# ---------------------------------------------------------------------------------------
+# 05 communication and scaling
+# ---------------------------------------------------------------------------------------
+
+def check_efficiency(answer: float | None, n_workers: int, grad_bytes: float,
+                     compute_s: float, alpha: float, beta: float, overhead_s: float = 0.0,
+                     n_messages: int = 1) -> bool:
+    """05, exercises 1 and 2: the ring's predicted scaling efficiency (a fraction, 0..1).
+
+    Recomputes :func:`comm.scaling_efficiency_prediction` with your fitted ``alpha``,
+    ``beta`` and ``overhead_s``; ``n_messages`` > 1 is the gradient sent without fusion.
+    """
+    def eff(messages: int) -> float:
+        return comm.scaling_efficiency_prediction(n_workers, grad_bytes, compute_s, alpha, beta,
+                                                  overhead_s=overhead_s, n_messages=messages)
+
+    expected = eff(n_messages)
+    if _missing(answer, "use comm.scaling_efficiency_prediction (or eff() of section 7)"):
+        return False
+    value = _number(answer)
+    unfused = (f" Fused into one message it would be {eff(1):.1%}: each of the {n_messages} "
+               f"messages pays 2(N-1) = {2 * (n_workers - 1)} latencies."
+               if n_messages > 1 else "")
+    return _verdict(
+        value is not None and abs(value - expected) <= 0.01,
+        f"{expected:.1%} on {n_workers} workers with {compute_s * 1e3:g} ms of compute per step."
+        + unfused,
+        "give a fraction between 0 and 1, not a percentage" if value is not None and value > 1
+        else "compute / (compute + overhead + messages x ring time per message); the ring "
+             "time is 2(N-1) alpha + 2(N-1)/N x bytes x beta.")
+
+
+def check_ps_shards(answer: int | None, n_workers: int = 64) -> bool:
+    """05, exercise 3: the fewest parameter-server shards whose busiest link carries no more
+    than a ring-allreduce worker's link.
+
+    With ``k`` shards a server link carries ``N x size / k`` each way, a ring worker's link
+    ``2(N-1)/N x size``: so ``k >= N^2 / (2(N-1))``.
+    """
+    bound = n_workers ** 2 / (2 * (n_workers - 1))
+    expected = math.ceil(bound)
+    if _missing(answer, "one shard's link carries N x size / k each way; a ring worker's "
+                        "2(N-1)/N x size"):
+        return False
+    value = _number(answer)
+    return _verdict(
+        _close(answer, expected),
+        f"k >= N^2 / (2(N-1)) = {bound:.2f}, so {expected} shards for {n_workers} workers: "
+        "about one server per two workers. As many shards as workers *is* an allreduce.",
+        (f"close: with {value:g} shards a server link carries {n_workers / value:.3f} x size, "
+         f"a ring worker's {2 * (n_workers - 1) / n_workers:.3f} x size"
+         if value is not None and value > 0 and abs(value - bound) < 2 else
+         "set N x size / k <= 2(N-1)/N x size and solve for the smallest whole k."))
