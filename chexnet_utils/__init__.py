@@ -21,7 +21,8 @@ Notebooks narrate; this package implements. Modules, one concern each:
   whether an exercise's answer is right);
 - plumbing: :mod:`~chexnet_utils.config` (``CHEXNET_SCALE``, ``CHEXNET_DATA_DIR``),
   :mod:`~chexnet_utils.envcheck`, :mod:`~chexnet_utils.atomic`, :mod:`~chexnet_utils.nbtools`,
-  :mod:`~chexnet_utils.tutorial`, :mod:`~chexnet_utils.cli` (``python -m chexnet_utils``).
+  :mod:`~chexnet_utils.tutorial`, :mod:`~chexnet_utils.lab` (JupyterLab for ``make lab`` and
+  the browser check), :mod:`~chexnet_utils.cli` (``python -m chexnet_utils``).
 """
 
 from chexnet_utils.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES

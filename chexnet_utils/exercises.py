@@ -25,6 +25,7 @@ notebook exercise                      check
 03       2 resume                      :func:`check_resume_epoch`
 03       3 Grad-CAM at an early layer  :func:`check_feature_map_side`
 03       4 full-size shards            :func:`check_full_size_prediction`
+04       4 old pipeline on n workers   :func:`check_old_pipeline_efficiency`
 05       1, 2 predicted efficiency     :func:`check_efficiency`
 05       3 parameter-server shards     :func:`check_ps_shards`
 05       4 a 10 ms cycle time          :func:`check_which_is_faster`
@@ -50,6 +51,7 @@ __all__ = [
     "check_full_size_prediction",
     "check_gpu_capabilities",
     "check_images_per_patient",
+    "check_old_pipeline_efficiency",
     "check_ps_shards",
     "check_ranks_without_local_gpu",
     "check_resume_epoch",
@@ -412,6 +414,39 @@ def check_full_size_prediction(answer: float | None, fed_full: Any,
 # ---------------------------------------------------------------------------------------
 # 05 communication and scaling
 # ---------------------------------------------------------------------------------------
+
+def check_old_pipeline_efficiency(answer: float | None, rate_1: float, rate_m: float,
+                                  m: int, n: int = 4) -> bool:
+    """04, exercise 4: the old pipeline's scaling efficiency on ``n`` workers, predicted from
+    its measured images/s on 1 and on ``m`` workers (a fraction, 0..1).
+
+    Every worker decodes every image and keeps 1/N, so a useful image costs ``N d + c``
+    (decode ``d``, model ``c``): ``1/rate_1 = d + c`` and ``m/rate_m = m d + c`` give ``d`` and
+    ``c``, and the efficiency on ``n`` workers is ``(d + c) / (n d + c)``.
+    """
+    if m < 2:
+        raise ValueError(f"needs a measurement on m >= 2 workers, got m={m}")
+    t1, tm = 1.0 / rate_1, m / rate_m
+    d = (tm - t1) / (m - 1)
+    c = t1 - d
+    if _missing(answer, "1/rate(1) = d + c and m/rate(m) = m d + c: solve for d and c"):
+        return False
+    if d <= 0:
+        print(f"Not yet: these rates scale at least linearly ({rate_1:.1f} -> {rate_m:.1f} "
+              f"img/s on {m} workers), so nothing is decoded twice: that is the new pipeline's "
+              "behaviour; use the old pipeline's rates")
+        return False
+    expected = (d + c) / (n * d + c)
+    value = _number(answer)
+    return _verdict(
+        value is not None and abs(value - expected) <= 0.01,
+        f"{expected:.1%} on {n} workers (d = {d * 1e3:.1f} ms decode, c = {max(c, 0) * 1e3:.1f} "
+        f"ms model per image). However many workers, the job never beats 1/d = "
+        f"{1 / d:.0f} img/s.",
+        "give a fraction between 0 and 1, not a percentage" if value is not None and value > 1
+        else f"d = (m/rate(m) - 1/rate(1)) / (m - 1); c = 1/rate(1) - d; then "
+             f"(d + c) / ({n} d + c)")
+
 
 def check_efficiency(answer: float | None, n_workers: int, grad_bytes: float,
                      compute_s: float, alpha: float, beta: float, overhead_s: float = 0.0,

@@ -203,6 +203,28 @@ def test_ps_shards(capsys, n):
     assert not verdict(capsys, exercises.check_ps_shards(k + 1, n_workers=n))
 
 
+def test_old_pipeline_efficiency_from_a_simulated_decode_and_model_time(capsys):
+    d, c = 0.008, 0.005  # seconds per image: decode, model
+
+    def rate(n: int) -> float:  # every worker decodes n images per useful one
+        return n / (n * d + c)
+
+    right = (d + c) / (4 * d + c)
+    assert verdict(capsys, exercises.check_old_pipeline_efficiency(right, rate(1), rate(2), 2))
+    assert verdict(capsys, exercises.check_old_pipeline_efficiency(
+        (d + c) / (8 * d + c), rate(1), rate(3), m=3, n=8))
+    assert not verdict(capsys, exercises.check_old_pipeline_efficiency(
+        rate(4) / (4 * rate(1)) + 0.05, rate(1), rate(2), 2))
+    assert not verdict(capsys, exercises.check_old_pipeline_efficiency(
+        100 * right, rate(1), rate(2), 2))  # a percentage
+    assert not verdict(capsys, exercises.check_old_pipeline_efficiency(
+        1 / 4, rate(1), rate(2), 2))  # the flat-line limit, not this machine's answer
+    # linear rates (the new pipeline) do not fit the model: a hint, not a verdict on d < 0
+    assert not verdict(capsys, exercises.check_old_pipeline_efficiency(0.5, 100.0, 200.0, 2))
+    with pytest.raises(ValueError):
+        exercises.check_old_pipeline_efficiency(0.5, 100.0, 100.0, 1)
+
+
 # --- the placeholder and the notebooks --------------------------------------------------------
 
 def test_placeholder_answers_fail_quietly(capsys, converted):
@@ -222,6 +244,7 @@ def test_placeholder_answers_fail_quietly(capsys, converted):
         lambda: exercises.check_full_size_prediction(None, fed),
         lambda: exercises.check_efficiency(None, 8, 1e6, 0.1, 1e-5, 1e-9),
         lambda: exercises.check_ps_shards(None),
+        lambda: exercises.check_old_pipeline_efficiency(None, 70.0, 90.0, 2),
     ]
     for call in calls:
         assert verdict(capsys, call()) is False
