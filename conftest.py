@@ -8,12 +8,18 @@ is 20 minutes on 2 cores (``CHEXNET_TEST_BUDGET_MIN`` to change it).
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict
 
 from chexnet_utils.nbtools import format_wall_times, notebook_of
 
 _notebook_seconds: dict[str, float] = defaultdict(float)
 _other_seconds = [0.0]
+_session_start = [time.monotonic()]
+
+
+def pytest_sessionstart(session):  # noqa: ANN001, ANN201
+    _session_start[0] = time.monotonic()
 
 
 def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201
@@ -29,5 +35,6 @@ def pytest_terminal_summary(terminalreporter):  # noqa: ANN001, ANN201
         return
     budget = float(os.environ.get("CHEXNET_TEST_BUDGET_MIN", 20))
     terminalreporter.write_sep("=", "notebook wall times")
+    elapsed = time.monotonic() - _session_start[0]  # collection and start-up included
     terminalreporter.write_line(format_wall_times(dict(_notebook_seconds), _other_seconds[0],
-                                                  budget))
+                                                  budget, elapsed_seconds=elapsed))

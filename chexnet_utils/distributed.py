@@ -21,23 +21,30 @@ from chexnet_utils.devices import cpu_thread_budget, usable_cores
 ROOT_SWITCHES = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
-def mpi_env_overrides(n_procs: int = 1, base: Mapping[str, str] | None = None
-                      ) -> dict[str, str]:
+BIND_TO_ONE_CORE = ("core", "hwthread")
+"""``--bind-to`` values that give each rank a single core (or hardware thread)."""
+
+
+def mpi_env_overrides(n_procs: int = 1, base: Mapping[str, str] | None = None,
+                      bind_to: str | None = None) -> dict[str, str]:
     """Only the variables :func:`mpi_environment` adds to ``base`` (default ``os.environ``).
 
     As root: Open MPI's allow-root switches. Always, unless ``base`` sets them already:
     ``OMP_NUM_THREADS`` and TensorFlow's thread counts = ``cores // n_procs`` (the CPU
     thread budget), and a quieter TensorFlow log.
 
-    When the processes fill every core (``n_procs >= cores``, the CPU-only case),
-    ``OMPI_MCA_mpi_yield_when_idle=1`` as well: Open MPI waits for a message by spinning
-    on the core, and Horovod's background thread runs a small MPI collective every
-    ``HOROVOD_CYCLE_TIME`` (1 ms) to agree which tensors are ready. A rank that reaches
-    it first spins until the other ranks arrive, on the very core its training thread
-    needs. Yielding while idle hands the core back (measured on 2 cores: 1 -> 2 workers
-    scaling efficiency 0.64 spinning, 0.98 yielding; see ``docs/benchmarks.md``). With
-    spare cores (a GPU node: one process per GPU, many cores each) spinning costs
-    nothing and answers faster, so it is left alone.
+    With more than one process, ``OMPI_MCA_mpi_yield_when_idle=1`` as well when a rank has
+    no core to spare: the processes fill every core of this machine (``n_procs >= cores``)
+    or each is bound to a single core (``bind_to`` ``"core"`` / ``"hwthread"``). Open MPI
+    waits for a message by spinning on the core, and Horovod's background thread runs a
+    small MPI collective every ``HOROVOD_CYCLE_TIME`` (1 ms) to agree which tensors are
+    ready. A rank that reaches it first spins until the other ranks arrive, on the very
+    core its training thread needs. Yielding while idle hands the core back (measured on 2
+    cores, one bound core per worker: 1 -> 2 workers scaling efficiency 0.71 spinning, 1.02
+    yielding; ``docs/benchmarks.md``). With spare cores and no binding to one core (a GPU
+    node: one process per GPU, many cores each) spinning costs nothing and answers faster,
+    so it is left alone. ``cores`` are this machine's: with a hostfile, ``n_procs`` counts
+    every node's ranks, so set the variable yourself if the nodes are full.
     """
     base = os.environ if base is None else base
     extra: dict[str, str] = {}
@@ -47,17 +54,19 @@ def mpi_env_overrides(n_procs: int = 1, base: Mapping[str, str] | None = None
     defaults = {"OMP_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads,
                 "TF_NUM_INTEROP_THREADS": "1" if threads == "1" else "2",
                 "TF_CPP_MIN_LOG_LEVEL": "2"}
-    if n_procs > 1 and n_procs >= usable_cores():
+    if n_procs > 1 and (n_procs >= usable_cores() or bind_to in BIND_TO_ONE_CORE):
         defaults["OMPI_MCA_mpi_yield_when_idle"] = "1"
     extra.update({k: v for k, v in defaults.items() if k not in base})
     return extra
 
 
-def mpi_environment(n_procs: int = 1, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def mpi_environment(n_procs: int = 1, base: Mapping[str, str] | None = None,
+                    bind_to: str | None = None) -> dict[str, str]:
     """Environment for processes started with ``mpirun``: ``base`` plus
-    :func:`mpi_env_overrides` (root-safe Open MPI, per-process thread budget)."""
+    :func:`mpi_env_overrides` (root-safe Open MPI, per-process thread budget, yielding MPI
+    where a rank has no spare core)."""
     env = dict(os.environ if base is None else base)
-    env.update(mpi_env_overrides(n_procs, env))
+    env.update(mpi_env_overrides(n_procs, env, bind_to))
     return env
 
 
@@ -160,7 +169,9 @@ def run_mpi_json(n_procs: int, argv: Sequence[str], timeout: float = 300,
     import subprocess
 
     cmd = mpirun_command(n_procs, argv, **mpirun_options)  # type: ignore[arg-type]
-    out = subprocess.run(cmd, env=mpi_environment(n_procs), capture_output=True, text=True,
+    bind_to = mpirun_options.get("bind_to")
+    out = subprocess.run(cmd, env=mpi_environment(n_procs, bind_to=bind_to if isinstance(
+        bind_to, str) else None), capture_output=True, text=True,
                          timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"mpirun exited with {out.returncode}:\n{out.stderr[-3000:]}")
@@ -269,7 +280,7 @@ class MPICluster:
         self._profile_dir = tempfile.mkdtemp(prefix="chexnet-ipp-")  # mode 0700
         os.chmod(self._profile_dir, 0o700)
         cfg = Config()
-        env = mpi_env_overrides(self.n)
+        env = mpi_env_overrides(self.n, bind_to=self.bind_to)
         env.update(self.env)
         cfg.MPIEngineSetLauncher.mpi_args = self._mpiexec_args()
         cfg.MPIEngineSetLauncher.environment = env

@@ -123,6 +123,19 @@ class LabServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.state_dir: Path | None = None
         self._log: IO[bytes] | None = None
+        self._seen: dict[int, psutil.Process] = {}
+        """Every process the server has started so far (kernels included), remembered at each
+        request so that :meth:`stop` finds them even if the server died and they were
+        re-parented."""
+
+    def _remember_children(self) -> None:
+        if self.process is None:
+            return
+        try:
+            for child in psutil.Process(self.process.pid).children(recursive=True):
+                self._seen.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
 
     @property
     def base_url(self) -> str:
@@ -137,8 +150,11 @@ class LabServer:
         """Call the REST API with the token; the decoded JSON answer (``None`` if empty)."""
         req = urllib.request.Request(self.base_url + path, method=method,
                                      headers={"Authorization": f"token {self.token}"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read()
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                body = resp.read()
+        finally:
+            self._remember_children()
         return json.loads(body) if body.strip() else None
 
     def log_tail(self, lines: int = 40) -> str:
@@ -208,11 +224,14 @@ class LabServer:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(5)
-            # Kernels and anything they started that outlived the server.
+            # Kernels and anything they started that outlived the server, also those seen
+            # earlier and re-parented since (psutil checks each is still the same process).
             try:
                 tree += psutil.Process(proc.pid).children(recursive=True)
             except psutil.NoSuchProcess:
                 pass
+            tree += [p for p in self._seen.values() if p.is_running()]
+            self._seen.clear()
             _, alive = psutil.wait_procs(tree, timeout=5)
             for p in alive:
                 try:

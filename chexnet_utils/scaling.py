@@ -95,16 +95,24 @@ def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any
     def barrier() -> None:
         hvd.allreduce(tf.constant(0.0), name="bench_barrier", op=hvd.Sum).numpy()
 
+    batches = 0
+    averaged: list[Any] = []
     if c.accelerator_ms > 0:
-        zeros = [tf.zeros_like(v) for v in model.trainable_variables]
+        # gradient-sized tensors holding this worker's rank: their average (size - 1) / 2
+        # shows the allreduce really ran across all workers
+        fake_grads = [tf.fill(tf.shape(v), float(rank)) for v in model.trainable_variables]
 
         def step() -> None:
+            nonlocal batches, averaged
             next(it)  # the batch the device would train on
+            batches += 1
             time.sleep(c.accelerator_ms / 1000.0)  # the device computes; the CPU is free
-            hvd.grouped_allreduce(zeros, op=hvd.Average, name="emulated_grads")
+            averaged = hvd.grouped_allreduce(fake_grads, op=hvd.Average, name="emulated_grads")
     else:
         def step() -> None:
+            nonlocal batches
             x, y = next(it)
+            batches += 1
             model.train_on_batch(x, y)
 
     for _ in range(c.warmup_steps):
@@ -116,8 +124,29 @@ def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any
     barrier()
     seconds = time.perf_counter() - t0
     images = c.steps * c.batch_size * size
-    return {"rank": rank, "size": size, "seconds": seconds, "img_per_s": images / seconds,
-            "pipeline": c.pipeline, "accelerator_ms": c.accelerator_ms}
+    out = {"rank": rank, "size": size, "seconds": seconds, "img_per_s": images / seconds,
+           "pipeline": c.pipeline, "accelerator_ms": c.accelerator_ms, "batches": batches}
+    if averaged:
+        out["emulated_average"] = float(tf.reshape(averaged[0], [-1])[0].numpy())
+    return out
+
+
+ENV_PREFIXES = ("OMPI_MCA_", "HOROVOD_", "OMP_", "TF_NUM_")
+"""Engine variables that change what a scaling run measures (recorded with the result)."""
+
+
+def effective_engine_env(n: int, bind_to: str | None, env: Mapping[str, str]
+                         ) -> dict[str, str]:
+    """The settings N engines will really run with: this process's environment, the
+    defaults :func:`~chexnet_utils.distributed.mpi_env_overrides` adds (thread budget, MPI
+    yielding) and ``env``, restricted to :data:`ENV_PREFIXES`. Recorded with every
+    :func:`bench_scaling` result, so two results that differ in e.g. MPI spinning say so."""
+    import os
+
+    from chexnet_utils.distributed import mpi_env_overrides
+
+    merged = {**os.environ, **mpi_env_overrides(n, bind_to=bind_to), **env}
+    return {k: v for k, v in sorted(merged.items()) if k.startswith(ENV_PREFIXES)}
 
 
 def efficiency(rates: dict[int, float]) -> dict[int, float]:
@@ -159,10 +188,12 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
     runs: dict[float, dict[str, dict[int, list[float]]]] = {
         m: {p: {} for p in pipelines} for m in modes}
     cluster_times: dict[int, dict[str, float]] = {}
+    engine_envs: dict[int, dict[str, str]] = {}
     for n in workers:
         one_thread = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
                       "TF_NUM_INTEROP_THREADS": "1"} if bind_to == "core" else {}
         engine_env = {**one_thread, **(env or {})}
+        engine_envs[n] = effective_engine_env(n, bind_to, engine_env)
         with MPICluster(n=n, bind_to=bind_to, map_by=map_by, env=engine_env) as cluster:
             for m in modes:
                 for r in range(repeats):
@@ -193,6 +224,7 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
         "image_size": image_size, "batch_size_per_worker": batch_size, "steps": steps,
         "repeats": repeats, "bind_to": bind_to, "cores": usable_cores(),
         "env": dict(env or {}), "tfrecords": str(tfrecords), **summary(0.0),
+        "engine_env": {str(n): e for n, e in engine_envs.items()},
         "cluster_seconds": {str(n): t for n, t in cluster_times.items()},
     }
     if accelerator_ms:

@@ -23,7 +23,8 @@ if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; th
   if [ "$(id -u)" = 0 ]; then
     say "installing Open MPI from Debian packages"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt_updated=1
+    apt-get update -qq
+    apt_updated=1
     apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
   else
     echo "Open MPI is missing and this is not root. Run:" >&2
@@ -142,8 +143,8 @@ ipp_enabled() {   # (output captured first: grep -q closing the pipe early trips
 }
 if ! ipp_enabled; then
   say "enabling ipyparallel's JupyterLab and server extensions"
-  "$PY" -m jupyter server extension enable --sys-prefix ipyparallel >/dev/null 2>&1
-  "$PY" -m jupyter labextension enable ipyparallel-labextension >/dev/null 2>&1
+  "$PY" -m jupyter server extension enable --sys-prefix ipyparallel >/dev/null 2>&1 || true
+  "$PY" -m jupyter labextension enable ipyparallel-labextension >/dev/null 2>&1 || true
   ipp_enabled || { echo "ipyparallel's JupyterLab extension is not enabled (jupyter labextension list)" >&2; exit 1; }
 fi
 say "ipyparallel JupyterLab extension enabled"

@@ -69,6 +69,10 @@ def test_mpi_yields_the_core_only_when_the_processes_fill_every_core(monkeypatch
     assert distributed.mpi_environment(2, base={key: "0"})[key] == "0"
     monkeypatch.setattr(distributed, "usable_cores", lambda: 40)  # a GPU node: spare cores
     assert key not in distributed.mpi_env_overrides(4, base={})
+    assert key not in distributed.mpi_env_overrides(4, base={}, bind_to="socket")
+    # bound to one core each, a rank has no spare core however many the machine has
+    assert distributed.mpi_env_overrides(2, base={}, bind_to="core")[key] == "1"
+    assert key not in distributed.mpi_env_overrides(1, base={}, bind_to="core")
 
 
 @pytest.mark.skipif(devices.usable_cores() > 2, reason="needs the processes to fill the cores")

@@ -221,8 +221,16 @@ def test_old_pipeline_efficiency_from_a_simulated_decode_and_model_time(capsys):
         1 / 4, rate(1), rate(2), 2))  # the flat-line limit, not this machine's answer
     # linear rates (the new pipeline) do not fit the model: a hint, not a verdict on d < 0
     assert not verdict(capsys, exercises.check_old_pipeline_efficiency(0.5, 100.0, 200.0, 2))
+    # slower than decoding twice explains (c < 0): a hint to measure again, not a verdict
+    assert not verdict(capsys, exercises.check_old_pipeline_efficiency(0.4, 100.0, 60.0, 2))
     with pytest.raises(ValueError):
         exercises.check_old_pipeline_efficiency(0.5, 100.0, 100.0, 1)
+
+
+def test_checks_answer_bad_types_with_a_hint_not_an_exception(capsys):
+    assert not verdict(capsys, exercises.check_gpu_capabilities(5))
+    # numbers given as strings are read as numbers
+    assert verdict(capsys, exercises.check_which_is_faster("a", {"a": "85", "b": "40"}))
 
 
 # --- the placeholder and the notebooks --------------------------------------------------------
