@@ -159,7 +159,8 @@ def json_objects(text: str) -> list[dict[str, object]]:
 
 
 def run_mpi_json(n_procs: int, argv: Sequence[str], timeout: float = 300,
-                 **mpirun_options: object) -> list[dict[str, object]]:
+                 bind_to: str | None = None, **mpirun_options: object
+                 ) -> list[dict[str, object]]:
     """Run ``argv`` under ``mpirun -np n_procs``; return the JSON objects the ranks printed.
 
     Sorted by their ``rank`` key where present. Raises ``RuntimeError`` with the tail of
@@ -168,11 +169,9 @@ def run_mpi_json(n_procs: int, argv: Sequence[str], timeout: float = 300,
     """
     import subprocess
 
-    cmd = mpirun_command(n_procs, argv, **mpirun_options)  # type: ignore[arg-type]
-    bind_to = mpirun_options.get("bind_to")
-    out = subprocess.run(cmd, env=mpi_environment(n_procs, bind_to=bind_to if isinstance(
-        bind_to, str) else None), capture_output=True, text=True,
-                         timeout=timeout)
+    cmd = mpirun_command(n_procs, argv, bind_to=bind_to, **mpirun_options)  # type: ignore[arg-type]
+    out = subprocess.run(cmd, env=mpi_environment(n_procs, bind_to=bind_to),
+                         capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"mpirun exited with {out.returncode}:\n{out.stderr[-3000:]}")
     objs = json_objects(out.stdout)
@@ -247,6 +246,11 @@ class MPICluster:
         self.start_seconds: float | None = None
         self.stop_seconds: float | None = None
 
+    def env_overrides(self) -> dict[str, str]:
+        """What the controller and engines get on top of this process's environment:
+        :func:`mpi_env_overrides` for ``n`` engines bound as ``bind_to``, then ``env``."""
+        return {**mpi_env_overrides(self.n, bind_to=self.bind_to), **self.env}
+
     # -- life cycle -----------------------------------------------------------------------
     def _mpiexec_args(self) -> list[str]:
         args: list[str] = []
@@ -280,8 +284,7 @@ class MPICluster:
         self._profile_dir = tempfile.mkdtemp(prefix="chexnet-ipp-")  # mode 0700
         os.chmod(self._profile_dir, 0o700)
         cfg = Config()
-        env = mpi_env_overrides(self.n, bind_to=self.bind_to)
-        env.update(self.env)
+        env = self.env_overrides()
         cfg.MPIEngineSetLauncher.mpi_args = self._mpiexec_args()
         cfg.MPIEngineSetLauncher.environment = env
         cfg.LocalControllerLauncher.environment = env

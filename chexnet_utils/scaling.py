@@ -28,7 +28,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chexnet_utils.distributed import MPICluster
 
 
 @dataclass(frozen=True)
@@ -135,17 +138,14 @@ ENV_PREFIXES = ("OMPI_MCA_", "HOROVOD_", "OMP_", "TF_NUM_")
 """Engine variables that change what a scaling run measures (recorded with the result)."""
 
 
-def effective_engine_env(n: int, bind_to: str | None, env: Mapping[str, str]
-                         ) -> dict[str, str]:
-    """The settings N engines will really run with: this process's environment, the
-    defaults :func:`~chexnet_utils.distributed.mpi_env_overrides` adds (thread budget, MPI
-    yielding) and ``env``, restricted to :data:`ENV_PREFIXES`. Recorded with every
+def effective_engine_env(cluster: MPICluster) -> dict[str, str]:
+    """The settings ``cluster``'s engines really run with (this process's environment plus
+    :meth:`~chexnet_utils.distributed.MPICluster.env_overrides`: thread budget, MPI yielding
+    and the caller's ``env``), restricted to :data:`ENV_PREFIXES`. Recorded with every
     :func:`bench_scaling` result, so two results that differ in e.g. MPI spinning say so."""
     import os
 
-    from chexnet_utils.distributed import mpi_env_overrides
-
-    merged = {**os.environ, **mpi_env_overrides(n, bind_to=bind_to), **env}
+    merged = {**os.environ, **cluster.env_overrides()}
     return {k: v for k, v in sorted(merged.items()) if k.startswith(ENV_PREFIXES)}
 
 
@@ -192,9 +192,9 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
     for n in workers:
         one_thread = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
                       "TF_NUM_INTEROP_THREADS": "1"} if bind_to == "core" else {}
-        engine_env = {**one_thread, **(env or {})}
-        engine_envs[n] = effective_engine_env(n, bind_to, engine_env)
-        with MPICluster(n=n, bind_to=bind_to, map_by=map_by, env=engine_env) as cluster:
+        with MPICluster(n=n, bind_to=bind_to, map_by=map_by,
+                        env={**one_thread, **(env or {})}) as cluster:
+            engine_envs[n] = effective_engine_env(cluster)
             for m in modes:
                 for r in range(repeats):
                     order = list(pipelines) if r % 2 == 0 else list(pipelines)[::-1]
