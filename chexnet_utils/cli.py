@@ -357,10 +357,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
+    from chexnet_utils.processes import command_lifetime, exit_status
+
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
-    try:
-        return handler(args)
-    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    # SIGTERM cleans up like Ctrl-C; nothing the command started outlives it, not even
+    # after a SIGKILL (chexnet_utils.processes). `whoami` and `envcheck` start nothing.
+    with command_lifetime(watchdog=args.command not in ("whoami", "envcheck")):
+        try:
+            return handler(args)
+        except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as e:
+            status = exit_status(e)
+            why = "Ctrl-C" if status == 130 else f"signal {status - 128} ({e})"
+            print(f"\ninterrupted by {why}: stopped its workers; finished work is kept "
+                  "(run the same command again to resume where that applies)",
+                  file=sys.stderr, flush=True)
+            return status

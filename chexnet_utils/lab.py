@@ -260,12 +260,17 @@ class LabServer:
         self.stop()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m chexnet_utils.lab [--notebook-dir DIR] [jupyter lab options...]``.
 
-    Replaces this process with ``jupyter lab`` on loopback with the project kernel; other
-    options are passed through (``--port 8801``; ``JUPYTER_PORT`` works too).
+    Runs ``jupyter lab`` on loopback with the project kernel; other options are passed
+    through (``--port 8801``; ``JUPYTER_PORT`` works too). Ctrl-C and SIGTERM stop the
+    server (it shuts its kernels down); kernels, engines and anything else started from the
+    lab do not outlive this command, even if it is killed (:mod:`chexnet_utils.processes`).
+    Returns the server's exit status (143 after SIGTERM).
     """
+    from chexnet_utils.processes import command_lifetime, exit_status
+
     args = list(sys.argv[1:] if argv is None else argv)
     root = "notebooks"
     for i, arg in enumerate(args):
@@ -278,8 +283,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             break
     cmd = [sys.executable, "-m", "jupyter", "lab", *lab_args(root), *args]
     print("+", " ".join(cmd), flush=True)
-    os.execv(sys.executable, cmd)
+    with command_lifetime():
+        server = subprocess.Popen(cmd)
+        try:
+            return server.wait()
+        except KeyboardInterrupt as e:  # Ctrl-C (the server got it too) or SIGTERM
+            server.send_signal(signal.SIGTERM)  # Jupyter stops its kernels, then itself
+            try:
+                server.wait(8)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+            return exit_status(e)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

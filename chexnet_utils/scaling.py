@@ -195,6 +195,7 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
         with MPICluster(n=n, bind_to=bind_to, map_by=map_by,
                         env={**one_thread, **(env or {})}) as cluster:
             engine_envs[n] = effective_engine_env(cluster)
+            say(f"{n} MPI engine(s) up in {cluster.start_seconds or 0.0:.1f} s; timing")
             for m in modes:
                 for r in range(repeats):
                     order = list(pipelines) if r % 2 == 0 else list(pipelines)[::-1]

@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 from chexnet_utils import nih
 from chexnet_utils.atomic import write_text_atomic
 from chexnet_utils.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES, parse_finding_labels
+from chexnet_utils.processes import worker_init
 
 __all__ = [
     "GENERATOR_VERSION",
@@ -1103,7 +1104,8 @@ def generate_dataset(
                 bar.update(1)
         else:
             chunk = max(1, min(32, len(tasks) // (workers * 8)))
-            with multiprocessing.get_context(mp_context).Pool(workers) as pool:
+            with multiprocessing.get_context(mp_context).Pool(
+                    workers, initializer=worker_init) as pool:
                 for _ in pool.imap_unordered(_render_task, tasks, chunksize=chunk):
                     bar.update(1)
     finally:

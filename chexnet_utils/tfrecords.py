@@ -82,6 +82,7 @@ from PIL import Image
 from chexnet_utils.atomic import write_text_atomic
 from chexnet_utils.labels import NUM_CLASSES, PATHOLOGIES
 from chexnet_utils.nih import NIHDataset
+from chexnet_utils.processes import worker_init
 
 __all__ = [
     "CRC32C_IMPLEMENTATION",
@@ -652,6 +653,7 @@ _PROGRESS: Any = None  # multiprocessing queue in worker processes, set by _init
 
 def _init_worker(queue: Any) -> None:
     global _PROGRESS
+    worker_init()  # default SIGTERM, and die with the parent (chexnet_utils.processes)
     _PROGRESS = queue
 
 

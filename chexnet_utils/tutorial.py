@@ -7,13 +7,16 @@ executed copies and their HTML land in ``<out>/executed/``, the figures the note
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from chexnet_utils import results
+from chexnet_utils.processes import check_terminated, note_termination
 
 
 @dataclass
@@ -42,12 +45,34 @@ def execute_notebook(path: Path, out_dir: Path, timeout: int = 3600) -> Notebook
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
+
+    def keep_termination(**_: object) -> None:
+        # nbclient answers SIGTERM by shutting the kernel down, then reports a failed cell
+        # and forgets the signal; do the same shutdown but remember it, so the command stops.
+        loop = asyncio.get_event_loop()
+
+        def on_sigterm() -> None:
+            note_termination(signal.SIGTERM)
+            asyncio.ensure_future(client._async_cleanup_kernel())
+
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+
+    client.on_notebook_start = keep_termination
+    our_handler = signal.getsignal(signal.SIGTERM)
     t0 = time.perf_counter()
     error = None
     try:
         client.execute()
     except CellExecutionError as e:
+        check_terminated()  # nbclient reports a SIGTERM as a failed cell
         error = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+    except Exception:
+        check_terminated()  # ... or fails while cleaning up after it
+        raise
+    finally:
+        if our_handler is not None and signal.getsignal(signal.SIGTERM) != our_handler:
+            signal.signal(signal.SIGTERM, our_handler)  # nbclient leaves SIG_DFL behind
+    check_terminated()
     seconds = time.perf_counter() - t0
     executed = out_dir / path.name
     nbformat.write(nb, executed)

@@ -1,0 +1,311 @@
+"""Process lifetime: every command stops cleanly on SIGTERM and leaves nothing behind.
+
+Three pieces, used by every command that starts processes (``python -m chexnet_utils ...``,
+``make lab``):
+
+- :func:`command_lifetime`, a context manager around a command: SIGTERM (and SIGHUP) raise
+  :class:`Terminated`, a :class:`KeyboardInterrupt`, so the command runs exactly the cleanup
+  it runs on Ctrl-C (pools terminated, MPI clusters stopped) and exits with 143. It also
+  starts a small **watchdog** process that outlives the command by a few seconds: every
+  process the command starts inherits a marker in its environment (``CHEXNET_LIFELINE``),
+  and when the command ends, normally or by SIGKILL, the watchdog sends SIGTERM, then
+  SIGKILL, to whatever still carries the marker (MPI engines, Jupyter kernels, pool
+  workers), however deep in the process tree and whoever their parent is now.
+- :func:`worker_init`, the initializer of the package's multiprocessing pools: SIGTERM back
+  to its default action (a worker never ignores it) and a parent-death signal, so a worker
+  dies with its parent even when it is blocked in C code.
+- :func:`pid_alive`, :func:`descendants`: small process-table queries shared by the
+  package, the tests and the notebooks.
+
+Linux only for the parent-death signal and the watchdog's ``pidfd``; elsewhere both fall
+back to polling the parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+
+LIFELINE_ENV = "CHEXNET_LIFELINE"
+"""Environment variable carrying the tokens of the commands a process belongs to."""
+
+EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, what a shell reports for a SIGTERM'd command
+EXIT_SIGINT = 128 + signal.SIGINT    # 130
+
+_PR_SET_PDEATHSIG = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread by SIGTERM/SIGHUP inside :func:`command_lifetime`.
+
+    A subclass of :class:`KeyboardInterrupt`, so every ``except KeyboardInterrupt`` and
+    ``finally`` that cleans up after Ctrl-C cleans up after ``kill`` too.
+    """
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (exited, waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    # "pid (comm) S ...": the state follows the last ')', comm may contain anything
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    """The ``pids`` that are still running (zombies count as gone)."""
+    return [p for p in pids if pid_alive(p)]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` in the process tree (children, grandchildren, ...)."""
+    import psutil
+
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return alive(k.pid for k in kids)
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux).
+
+    Returns False where that is not available. If the parent is already gone (it died
+    between the fork and this call), the process exits at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() == 1:  # orphaned before the request took effect
+        os._exit(EXIT_SIGTERM)
+    return True
+
+
+def worker_init(*_: object) -> None:
+    """Initializer for worker processes: default SIGTERM, and die with the parent."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    set_parent_death_signal(signal.SIGKILL)
+
+
+def lifeline_tokens(environ: dict[str, str] | None = None) -> list[str]:
+    """The command tokens in ``environ`` (default: this process's environment)."""
+    value = (os.environ if environ is None else environ).get(LIFELINE_ENV, "")
+    return [t for t in value.split(",") if t]
+
+
+def marked_processes(token: str, exclude: Iterable[int] = ()) -> list[int]:
+    """Live processes whose environment carries ``token`` (those of this user only)."""
+    skip = set(exclude)
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in skip:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:  # gone, a kernel thread, or another user's
+            continue
+        for entry in env.split(b"\0"):
+            if entry.startswith(LIFELINE_ENV.encode() + b"="):
+                tokens = entry.split(b"=", 1)[1].decode(errors="replace").split(",")
+                if token in tokens and pid_alive(int(name)):
+                    found.append(int(name))
+                break
+    return found
+
+
+def stop_marked(token: str, exclude: Iterable[int] = (), grace: float = 3.0,
+                log: bool = False) -> list[int]:
+    """SIGTERM every process carrying ``token``, SIGKILL what is left after ``grace`` s.
+
+    Keeps looking until none is left (a dying parent may still start one), at most
+    ``grace + 3`` seconds. Returns the pids it signalled.
+    """
+    skip = set(exclude) | {os.getpid()}
+    signalled: dict[int, float] = {}
+    deadline = time.monotonic() + grace
+    give_up = deadline + 3.0
+    while True:
+        now = time.monotonic()
+        pids = marked_processes(token, skip)
+        if not pids:
+            break
+        for pid in pids:
+            sig = signal.SIGKILL if now >= deadline else signal.SIGTERM
+            if pid not in signalled or sig == signal.SIGKILL:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+                signalled.setdefault(pid, now)
+        if now >= give_up:
+            break
+        time.sleep(0.1)
+    if log and signalled:
+        print(f"[chexnet] stopped {len(signalled)} process(es) the command left behind",
+              file=sys.stderr, flush=True)
+    return sorted(signalled)
+
+
+def _wait_for_parent_or_done(parent: int) -> None:
+    """Block until the parent dies or writes to (or closes) our stdin."""
+    import select
+
+    watched: list[int] = [sys.stdin.fileno()]
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(parent)
+            watched.append(pidfd)
+        except ProcessLookupError:
+            return  # already gone
+        except OSError:
+            pidfd = None
+    while True:
+        ready, _, _ = select.select(watched, [], [], None if pidfd is not None else 0.5)
+        if ready:
+            return
+        if not pid_alive(parent):  # polling fallback without pidfd
+            return
+
+
+def watchdog_main(argv: list[str] | None = None) -> int:
+    """``python -m chexnet_utils.processes PARENT_PID TOKEN``: the watchdog process."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m chexnet_utils.processes PARENT_PID TOKEN", file=sys.stderr)
+        return 2
+    parent, token = int(args[0]), args[1]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the command, not for us
+    _wait_for_parent_or_done(parent)
+    died = not pid_alive(parent)
+    stop_marked(token, exclude=(parent,), log=died)
+    return 0
+
+
+class _Lifetime:
+    """State of one :func:`command_lifetime` (the watchdog process and the token)."""
+
+    def __init__(self, token: str, watchdog: subprocess.Popen[bytes] | None) -> None:
+        self.token = token
+        self.watchdog = watchdog
+
+
+_received: list[int] = []
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    _received.append(signum)
+    raise Terminated(signum)
+
+
+def note_termination(signum: int) -> None:
+    """Remember a SIGTERM/SIGHUP that a library's own handler received in our place."""
+    _received.append(signum)
+
+
+def check_terminated() -> None:
+    """Raise :class:`Terminated` again if a SIGTERM/SIGHUP arrived in this command.
+
+    For loops over long steps whose library turns the exception into a result (nbclient
+    reports it as a failed cell): call it between steps so the command still stops.
+    """
+    if _received:
+        raise Terminated(_received[-1])
+
+
+@contextlib.contextmanager
+def command_lifetime(watchdog: bool = True) -> Iterator[_Lifetime]:
+    """Run a command so that SIGTERM cleans up like Ctrl-C and nothing outlives it.
+
+    Inside the block SIGTERM and SIGHUP raise :class:`Terminated` in the main thread; every
+    process started inside inherits this command's token in ``CHEXNET_LIFELINE``; on leaving
+    the block (or if this process is killed) the watchdog stops whatever still carries the
+    token, and the block waits for it (a few seconds at most). Nested commands (a notebook
+    that runs ``python -m chexnet_utils ...``) append their own token.
+    """
+    token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    old_env = os.environ.get(LIFELINE_ENV)
+    proc = None
+    if watchdog:  # started before the token is set: it does not carry it
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chexnet_utils.processes", str(os.getpid()), token],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+    os.environ[LIFELINE_ENV] = ",".join(lifeline_tokens() + [token])
+    handlers: dict[int, object] = {}
+    import threading
+
+    _received.clear()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            handlers[sig] = signal.signal(sig, _raise_terminated)
+    try:
+        yield _Lifetime(token, proc)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        if old_env is None:
+            os.environ.pop(LIFELINE_ENV, None)
+        else:
+            os.environ[LIFELINE_ENV] = old_env
+        _stop_resource_tracker()
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.write(b"done\n")  # type: ignore[union-attr]
+                proc.stdin.close()  # type: ignore[union-attr]  # "done": clean up now
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _stop_resource_tracker() -> None:
+    """Let multiprocessing's resource tracker (spawn pools start one) exit now.
+
+    It ignores SIGTERM by design and leaves only when every process holding its pipe is
+    gone; stopping it here, once the workers are, lets it unlink what they leaked.
+    """
+    rt = sys.modules.get("multiprocessing.resource_tracker")
+    tracker = getattr(rt, "_resource_tracker", None)
+    if tracker is None or getattr(tracker, "_pid", None) is None:
+        return
+    with contextlib.suppress(Exception):
+        tracker._stop()
+
+
+def exit_status(exc: KeyboardInterrupt) -> int:
+    """143 for SIGTERM (:class:`Terminated`), 129 for SIGHUP, 130 for Ctrl-C."""
+    if isinstance(exc, Terminated):
+        return 128 + exc.signum
+    return EXIT_SIGINT
+
+
+if __name__ == "__main__":
+    raise SystemExit(watchdog_main())
