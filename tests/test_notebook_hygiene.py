@@ -1,11 +1,13 @@
-"""Committed notebooks carry no outputs except the cells nbval checks."""
+"""Committed notebooks carry no outputs except the cells nbval checks, and their prose has
+no figures from somebody else's run that are not labelled as such."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from chexnet_utils.nbtools import clean_notebook, hygiene_problems
+from chexnet_utils.nbtools import (PROSE_NUMBER_OK, clean_notebook, hygiene_problems,
+                                   prose_number_problems, unlabelled_numbers)
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -13,6 +15,78 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_committed_notebook_is_clean(notebook):
     assert hygiene_problems(notebook) == []
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_prose_has_only_live_or_labelled_numbers(notebook):
+    """A number in a markdown cell is computed by this run (rendered by a cell) or labelled
+    with its source and machine; learners compare the prose with their own output."""
+    problems = prose_number_problems(notebook)
+    assert problems == [], (
+        "measured-looking figures in the prose that name no source (render them from this "
+        "run's variables, say it without the number, or label them, e.g. \"(reference: "
+        "authors' run, 2-core CI machine, docs/benchmarks.md)\"):\n" + "\n".join(problems))
+
+
+def test_prose_number_opt_outs_stay_rare():
+    cells = [c for nb in NOTEBOOKS for c in json.loads(nb.read_text())["cells"]
+             if c["cell_type"] == "markdown"]
+    uses = sum(PROSE_NUMBER_OK in "".join(c["source"]) for c in cells)
+    assert uses <= 3, f"{uses} cells opt out of the prose-number check: fix the prose instead"
+
+
+def test_prose_number_detector():
+    # measured figures from somebody's run are caught, with a snippet to find them
+    offending = ("The new pipeline scaled with an efficiency of 1.02 and delivered "
+                 "89.8 img/s; the old one took 8.5 ms per image, a 2.4x slowdown.")
+    found = unlabelled_numbers(offending)
+    assert len(found) == 4
+    assert any("1.02" in f for f in found) and any("89.8 img/s" in f for f in found)
+    assert any("8.5 ms" in f for f in found) and any("2.4x" in f for f in found)
+    assert len(unlabelled_numbers("| 2 | 139.0 img/s | 1.01 |")) == 2  # a table row
+    assert unlabelled_numbers("- idle engines burn ~15 % of a core") != []
+    # ... also in a solution, and in a comment of its code, not in the code itself
+    solution = ("<details><summary>Solution</summary>\n\n```python\nsteps = 0.25 * n\n"
+                "print(r)   # measured here: efficiency 0.71\n```\nHere d is 8.5 ms.\n</details>")
+    assert [f for f in unlabelled_numbers(solution) if "0.71" in f or "8.5 ms" in f] \
+        and not [f for f in unlabelled_numbers(solution) if "0.25" in f]
+    # labelled: the sentence, the parenthesis or the row names a source
+    for labelled in [
+        "Spinning cost a third (reference: authors' run, 2-core CI machine, "
+        "docs/benchmarks.md: efficiency 0.71 spinning, 1.02 yielding).",
+        "CheXNet reached a mean AUROC of 0.841 (Rajpurkar et al. 2017).",
+        "The Dell team measured bare metal about **8 % faster** than Kubernetes.",
+        "| 2 | CPU model | 89.8 img/s | 0.62 | docs/benchmarks.md |",
+        "`HOROVOD_CYCLE_TIME` (1 ms by default) sets the pace.",
+        "Assume 0.1 s of compute per step.",
+    ]:
+        assert unlabelled_numbers(labelled) == [], labelled
+    # structural numbers are not measurements
+    structural = (
+        "# 05 · Section 5.1\n\nCheXNet (DenseNet-121, 7.0 M parameters, 14 pathologies) was "
+        "trained on 112,120 images of 1024 x 1024 px, batch 16, on 8 GPUs in 2017; step 3 "
+        "shards first. TensorFlow 1.13.1 vs 1.12.0, Python 3.5 vs 3.6, TensorFlow <= 2.15. "
+        "The gradient is 28 MB, 364 tensors of 1,024 floats (4 KiB). AUROC 0.5 is chance, 1.0 "
+        "perfect. With the cycle set to 10 ms, `STEP_COMPUTE_S = 0.1 s`, `1.5 x`, N = 2.")
+    assert unlabelled_numbers(structural) == []
+    # the explicit opt-in covers its own paragraph only, and needs a reason
+    marked = f"<!-- {PROSE_NUMBER_OK}: the exercise's given numbers -->\nThe sum, 90 ms."
+    assert unlabelled_numbers(marked) == []
+    assert unlabelled_numbers(marked + "\n\nMeasured: 60 ms.") != []
+    assert unlabelled_numbers(f"<!-- {PROSE_NUMBER_OK}: -->\nThe sum, 90 ms.") != []
+
+
+def test_prose_number_check_fails_on_a_notebook(tmp_path):
+    path = tmp_path / "07_x.ipynb"
+    path.write_text(json.dumps(_nb([
+        {"cell_type": "markdown", "id": "m0", "metadata": {}, "source": "# 07 · Title"},
+        _code("x = 1"),
+        {"cell_type": "markdown", "id": "m2", "metadata": {},
+         "source": "Scaling 1 -> 2 workers: efficiency **0.71**."},
+    ])))
+    problems = prose_number_problems(path)
+    assert len(problems) == 1 and problems[0].startswith("07_x.ipynb cell 2: ")
+    assert "0.71" in problems[0]
 
 
 def test_there_are_notebooks():
