@@ -244,9 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="resize to PX x PX at conversion time (default: keep the source size)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--shard-size", type=int, default=None, metavar="N",
-                      help="images per shard (the last shard takes the remainder)")
+                      help="exactly N images per shard (the last shard takes the remainder); "
+                           "no rounding, you choose the count")
     size.add_argument("--shard-mb", type=float, default=None, metavar="MB",
-                      help="target shard size in MB (default 100)")
+                      help="shards of at most about MB each (default 100), their number per "
+                           "split rounded up to a multiple of 8 and at least 8 (one per image "
+                           "below 8 images), so file-level sharding over 1, 2, 4 or 8 "
+                           "workers is even; the counts are printed at the end")
     p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     p.add_argument("--on-error", choices=("fail", "skip"), default="fail",
                    help="bad image: stop (fail, default) or leave it out and list it in "

@@ -7,10 +7,10 @@ training run.
 Layout written to ``OUT_DIR``::
 
     OUT_DIR/
-      train-00000-of-00042.tfrecord      # {split}-{i:05d}-of-{n:05d}.tfrecord
+      train-00000-of-00296.tfrecord      # {split}-{i:05d}-of-{n:05d}.tfrecord
       ...
-      val-00000-of-00005.tfrecord
-      test-00000-of-00012.tfrecord
+      val-00000-of-00040.tfrecord
+      test-00000-of-00096.tfrecord
       manifest.json                      # parameters + one entry per shard (counts, sha256)
       skipped.json / skipped.txt         # images left out under on_error="skip" (may be empty)
 
@@ -41,9 +41,20 @@ Decisions worth knowing
   (:meth:`NIHDataset.split`), go to shards in contiguous blocks, and the shard plan never
   depends on the number of workers, so two conversions with the same parameters give
   byte-identical shards.
-* **Shard sizing.** ``shard_size=N`` gives shards of N images and a final partial shard (the
-  remainder is written, not dropped). ``shard_mb=M`` computes the shard count up front from an
-  estimate (source file sizes times the resize area ratio) and spreads the images evenly.
+* **Shard sizing.** The default plan (``shard_mb=100``) and any explicit ``shard_mb=M``
+  compute each split's shard count up front from an estimate of its size (source file sizes
+  times the resize area ratio, plus record overhead), then round it *up* to a multiple of
+  :data:`SHARD_MULTIPLE` (8), with at least 8 shards for every split of 8 or more images and
+  one shard per image for a smaller split (:func:`planned_shard_count`); the images are spread
+  evenly (shard sizes differ by at most one image). Why: file-level sharding
+  (:func:`chexnet_utils.pipelines.new_approach`) needs at least one file per worker, and gives
+  every worker the same amount of data only when the worker count divides the shard count, so
+  every split works over 1, 2, 4 and 8 workers out of the box, whatever its size, and the
+  plan never depends on the worker count. Rounding up only makes shards smaller, so ``M`` stays
+  an upper bound (unless a single image is bigger than ``M``). On NIH ChestX-ray14 (112,120
+  images, ~42 GB) the 100 MB default gives a few hundred ~100 MB train shards, a multiple of
+  8. ``shard_size=N`` is the exact alternative: shards of N images and a final partial shard
+  (the remainder is written, not dropped), with no rounding - the user's count wins.
 * **Fastest path.** Without resizing, with ``encoding="png"``, an 8-bit greyscale PNG source
   (what NIH ships) is stored byte for byte; everything else is decoded, converted to 8-bit grey
   (16-bit scaled linearly 0..65535 -> 0..255, RGB/RGBA by luma with alpha dropped), resized
@@ -58,7 +69,9 @@ Decisions worth knowing
 * **Resumable.** Shards are written to ``NAME.tmp-PID``, fsynced and renamed; the manifest is
   rewritten atomically after every finished shard. A rerun with the same parameters keeps every
   shard whose file still has the sha256 recorded for the same planned content and writes the
-  rest; a rerun with different parameters is refused unless ``overwrite=True``.
+  rest; a rerun with different parameters is refused unless ``overwrite=True`` (so is a
+  folder converted with the size-based plan of a version before the multiple-of-8 rule; the
+  message says so).
 """
 
 from __future__ import annotations
@@ -102,9 +115,11 @@ __all__ = [
     "make_example",
     "masked_crc32c",
     "parse_example",
+    "planned_shard_count",
     "read_examples",
     "read_records",
     "shard_name",
+    "shard_workers_note",
     "verify",
     "write_records",
 ]
@@ -117,6 +132,9 @@ FORMAT = "chexnet_utils.tfrecords"
 FORMAT_VERSION = 1
 DEFAULT_SHARD_MB = 100.0
 """Shard target when neither ``shard_size`` nor ``shard_mb`` is given (TF's usual advice)."""
+SHARD_MULTIPLE = 8
+"""Size-based plans give a split of >= 8 images a multiple of 8 shards (at least 8), so 1, 2,
+4 and 8 workers all get equal numbers of files; see :func:`planned_shard_count`."""
 PNG_COMPRESS_LEVEL = 1  # zlib level of re-encoded PNGs: 5x faster than 6, ~15% larger
 _MB = 1_000_000
 _RECORD_OVERHEAD = 16 + 200  # TFRecord framing + the other Example fields, roughly
@@ -771,22 +789,57 @@ def _plan_sha256(items: Sequence[_Item]) -> str:
     return h.hexdigest()
 
 
-def _shard_counts(items: Sequence[_Item], shard_size: int | None, shard_mb: float,
-                  image_size: int | None) -> list[int]:
-    """How many images each shard of one split gets (contiguous blocks)."""
-    n = len(items)
-    if n == 0:
-        return []
-    if shard_size is not None:
-        full, rest = divmod(n, shard_size)
-        return [shard_size] * full + ([rest] if rest else [])
+def planned_shard_count(n_images: int, estimated_bytes: float,
+                        shard_mb: float = DEFAULT_SHARD_MB) -> int:
+    """Shards of one split under a size-based plan (the default, or ``shard_mb``).
+
+    * fewer than :data:`SHARD_MULTIPLE` (8) images: one shard per image (as many workers as
+      possible can still each get a file);
+    * otherwise ``ceil(estimated_bytes / shard_mb MB)`` rounded **up** to a multiple of 8, at
+      least 8: every split can be sharded by file over 1, 2, 4 or 8 workers with equal
+      numbers of files per worker, and big splits keep shards of at most ~``shard_mb``;
+    * never more shards than images allow for a multiple of 8 (``8 * (n_images // 8)``), so a
+      shard is never empty; only images bigger than ``shard_mb`` then push shards past it.
+
+    Depends on the split alone, never on the number of conversion or training workers.
+    """
+    if n_images <= 0:
+        return 0
+    if n_images < SHARD_MULTIPLE:
+        return n_images
+    if not shard_mb > 0:
+        raise ValueError(f"shard_mb must be > 0, got {shard_mb}")
+    by_size = math.ceil(estimated_bytes / (shard_mb * _MB))
+    groups = min(max(1, math.ceil(by_size / SHARD_MULTIPLE)), n_images // SHARD_MULTIPLE)
+    return groups * SHARD_MULTIPLE
+
+
+def _estimated_bytes(items: Sequence[_Item], image_size: int | None) -> float:
+    """Expected size of the split's shards: source bytes x resize area ratio + overhead."""
     total = 0.0
     for it in items:
         ratio = 1.0
         if image_size is not None and it.width and it.height:
             ratio = image_size * image_size / (it.width * it.height)
         total += it.size * ratio + _RECORD_OVERHEAD
-    k = max(1, min(n, math.ceil(total / (shard_mb * _MB))))
+    return total
+
+
+def _shard_counts(items: Sequence[_Item], shard_size: int | None, shard_mb: float,
+                  image_size: int | None) -> list[int]:
+    """How many images each shard of one split gets (contiguous blocks).
+
+    ``shard_size``: exactly that many per shard, the last takes the remainder. Otherwise
+    :func:`planned_shard_count` shards, the images spread evenly (earlier shards get the
+    extra image).
+    """
+    n = len(items)
+    if n == 0:
+        return []
+    if shard_size is not None:
+        full, rest = divmod(n, shard_size)
+        return [shard_size] * full + ([rest] if rest else [])
+    k = planned_shard_count(n, _estimated_bytes(items, image_size), shard_mb)
     q, r = divmod(n, k)
     return [q + 1] * r + [q] * (k - r)
 
@@ -870,15 +923,40 @@ class ConversionResult:
         return sum(self.counts.values())
 
     def summary(self) -> str:
-        parts = ", ".join(f"{s} {self.counts[s]} in {len(self.shards[s])} shard(s)"
-                          for s in SPLITS)
+        """First line: totals and timing; then one line per split with its shard count and
+        the worker counts that file-level sharding can split it between evenly, e.g.
+        ``  train 414 images in 8 shard(s) (divisible among 1, 2, 4, 8 workers)``."""
+        parts = ", ".join(f"{s} {self.counts[s]}" for s in SPLITS)
         text = (f"{self.num_images} images ({parts}) in {self.out_dir}; wrote "
                 f"{self.written_shards} shard(s), kept {self.reused_shards}, "
                 f"{self.images_written} images in {self.elapsed_s:.1f} s "
                 f"({self.images_per_s:.1f} images/s)")
         if self.skipped:
             text += f"; skipped {len(self.skipped)} image(s), see {SKIPPED_TXT}"
+        width = len(str(max(self.counts.values(), default=0)))
+        for s in SPLITS:
+            k = len(self.shards[s])
+            text += (f"\n  {s:<5} {self.counts[s]:>{width}} images in {k} shard(s)"
+                     f" ({shard_workers_note(k)})")
         return text
+
+
+def shard_workers_note(num_shards: int) -> str:
+    """Which worker counts (of 1, 2, 4, ... 64) get equal numbers of ``num_shards`` files.
+
+    ``8`` -> ``"divisible among 1, 2, 4, 8 workers"``; below 8 shards it adds the limit of
+    file-level sharding (one file per worker at least).
+    """
+    if num_shards <= 0:
+        return "no shards"
+    even = [w for w in (1, 2, 4, 8, 16, 32, 64) if w <= num_shards and num_shards % w == 0]
+    text = f"divisible among {', '.join(map(str, even))} worker{'s' if even[-1] > 1 else ''}"
+    if even == [1]:
+        text += " only"
+    if num_shards < SHARD_MULTIPLE:
+        text += (f"; file-level sharding over at most {num_shards} "
+                 f"worker{'s' if num_shards > 1 else ''}")
+    return text
 
 
 def _file_sha256(path: Path) -> str:
@@ -937,12 +1015,23 @@ def convert_dataset(
     """Convert ``data_dir`` (NIH layout) to sharded TFRecords in ``out_dir``.
 
     Splits with ``NIHDataset.load(data_dir).split(val_fraction, seed)`` (official test list
-    as test). ``shard_size`` (images per shard) or ``shard_mb`` (target MB per shard, default
-    100) sizes the shards; ``workers`` processes convert one shard per task (default: all
-    cores; 1 converts in this process). See the module docstring for the error policy,
-    determinism and resuming. Raises :class:`ConversionError` (bad image under
-    ``on_error="fail"``, conflicting earlier conversion) or
-    :class:`chexnet_utils.nih.DataFormatError` (bad CSV or split list).
+    as test). Shards per split:
+
+    * default (neither given) or ``shard_mb=M`` (default 100): shards of at most about M MB,
+      and a shard count that is a multiple of 8, at least 8, so every split can be sharded by
+      file over 1, 2, 4 or 8 workers evenly; a split of fewer than 8 images gets one shard
+      per image (:func:`planned_shard_count`). ``M`` is an upper bound: the rounding only
+      ever adds shards.
+    * ``shard_size=N``: exactly N images per shard, the last takes the remainder; no
+      rounding (use it to choose the count yourself, e.g. fewer, bigger shards).
+
+    ``ConversionResult.summary()`` prints the count per split and the worker counts it
+    divides. ``workers`` processes convert one shard per task (default: all cores; 1 converts
+    in this process); the shard plan never depends on it. See the module docstring for the
+    error policy, determinism and resuming. Raises :class:`ConversionError` (bad image under
+    ``on_error="fail"``, conflicting earlier conversion, including one made with an older
+    version's shard plan) or :class:`chexnet_utils.nih.DataFormatError` (bad CSV or split
+    list).
     """
     t_start = time.perf_counter()
     if encoding not in ("png", "jpeg"):
@@ -974,6 +1063,10 @@ def convert_dataset(
         "jpeg_quality": jpeg_quality if encoding == "jpeg" else None,
         "shard_size": shard_size,
         "shard_mb": None if shard_size is not None else float(shard_mb),  # type: ignore[arg-type]
+        # The size-based plan's rounding (see planned_shard_count). Absent (None) in manifests
+        # of older versions, whose size-based plans did not round: such a folder is refused
+        # below with a hint, rather than silently re-planned and rewritten.
+        "shard_multiple": None if shard_size is not None else SHARD_MULTIPLE,
         "val_fraction": val_fraction,
         "seed": seed,
         "png_compress_level": PNG_COMPRESS_LEVEL,
@@ -988,11 +1081,20 @@ def convert_dataset(
             if not overwrite:
                 raise
         if old is not None and not overwrite:
-            diff = _param_diff(old.get("params", {}), params)
+            old_params = old.get("params", {})
+            diff = _param_diff(old_params if isinstance(old_params, dict) else {}, params)
             if diff:
+                hint = ""
+                if (params["shard_multiple"] is not None and isinstance(old_params, dict)
+                        and "shard_multiple" not in old_params
+                        and old_params.get("shard_size") is None):
+                    hint = (" (it was made by an older version whose size-based shard plan did"
+                            " not round shard counts to a multiple of "
+                            f"{SHARD_MULTIPLE}, which file-level sharding over several "
+                            "workers needs)")
                 raise ConversionError(out, "holds a conversion with different parameters ("
-                                      + "; ".join(diff) + "); pass overwrite=True (--overwrite)"
-                                      " to replace it, or choose another folder")
+                                      + "; ".join(diff) + ")" + hint + "; pass overwrite=True"
+                                      " (--overwrite) to replace it, or choose another folder")
     elif not overwrite and any(_OUR_SHARD_RE.match(p.name) for p in out.iterdir()):
         raise ConversionError(out, "contains .tfrecord shards but no manifest.json; pass "
                               "overwrite=True (--overwrite) to replace them")

@@ -224,15 +224,182 @@ def test_last_partial_shard_is_written_and_named(tmp_path):
     assert result.counts["test"] == 25
 
 
-def test_shard_mb_counts_shards_up_front(dataset, tmp_path):
-    root, records = dataset
+def test_shard_mb_counts_shards_up_front(tmp_path):
+    root, records = make_dataset(tmp_path / "data", n_train_val=24, n_test=40, size=32)
     out = tmp_path / "tfr"
-    total = sum(image_path(root, r.image_index).stat().st_size for r in records[24:])
-    target_mb = total / 3.5 / 1e6  # test part: ~3.5 targets -> 4 shards
+    total = sum(image_path(root, r.image_index).stat().st_size + T._RECORD_OVERHEAD
+                for r in records[24:])
+    # test part: ~17.5 targets -> 18 shards by size, rounded up to a multiple of 8 -> 24
+    target_mb = total / 17.5 / 1e6
     T.convert_dataset(root, out, shard_mb=target_mb, workers=1, progress=False)
     counts = [len(list(T.read_records(p))) for p in T.list_shards(out, "test")]
-    assert len(counts) == 4 and sum(counts) == 8 and max(counts) - min(counts) <= 1
+    assert len(counts) == 24 and sum(counts) == 40 and max(counts) - min(counts) <= 1
+    assert counts == sorted(counts, reverse=True)  # the extra images go to the first shards
+    sizes = [p.stat().st_size for p in T.list_shards(out, "test")]
+    assert max(sizes) <= target_mb * 1e6 * 1.3  # the target is an upper bound (+ estimate slack)
     assert T.verify(out, root).ok
+
+
+# --------------------------------------------------------------------------------------------
+# the default (size-based) shard plan: enough shards for file-level sharding, a multiple of 8
+# --------------------------------------------------------------------------------------------
+
+MB = 1_000_000
+
+
+def fake_items(n: int, size: int, px: int, split: str = "train") -> list:
+    """Planning input without files: ``n`` images of about ``size`` bytes, ``px`` square."""
+    return [T._Item(f"{i + 1:08d}_000.png", split, None, (0.0,) * 14, i // 3,
+                    size=size + (i * 7919) % (size // 4) - size // 8, width=px, height=px)
+            for i in range(n)]
+
+
+def split_lines(summary: str) -> dict[str, str]:
+    """The per-split lines of ConversionResult.summary()."""
+    return {m.group(1): m.group(0) for m in re.finditer(r"^  (train|val|test) .*$", summary,
+                                                        re.MULTILINE)}
+
+
+@pytest.mark.parametrize("n, expected", [(0, 0), (1, 1), (5, 5), (7, 7), (8, 8), (15, 8),
+                                         (16, 8), (1500, 8)])
+def test_planned_shard_count_small_splits(n, expected):
+    # 30 kB images: every split here is far below one 100 MB target
+    assert T.planned_shard_count(n, n * 30_000) == expected
+
+
+def test_planned_shard_count_rounds_the_size_target_up_to_a_multiple_of_8():
+    assert T.planned_shard_count(10_000, 800 * MB) == 8
+    assert T.planned_shard_count(10_000, 801 * MB) == 16          # 9 by size -> 16
+    assert T.planned_shard_count(10_000, 1601 * MB) == 24         # 17 -> 24
+    assert T.planned_shard_count(10_000, 1601 * MB, shard_mb=50) == 40  # 33 -> 40
+    # images bigger than the target: the most shards a multiple of 8 allows, none empty
+    assert T.planned_shard_count(20, 20 * 500 * MB) == 16
+    assert T.planned_shard_count(9, 9 * 500 * MB) == 8
+    with pytest.raises(ValueError, match="shard_mb"):
+        T.planned_shard_count(100, 1e9, shard_mb=0)
+
+
+def test_default_plan_1500_images_of_256px_gets_8_shards():
+    # the user story of issue 12: `synth --n 1500 --size 256` (~32 kB PNGs, ~49 MB), then
+    # `tfrecords` with defaults. The old plan made one shard per split, which cannot be
+    # sharded by file over 2 workers.
+    items = fake_items(1500, 32_500, 256)
+    counts = T._shard_counts(items, None, T.DEFAULT_SHARD_MB, None)
+    assert len(counts) == 8 and sum(counts) == 1500 and max(counts) - min(counts) <= 1
+
+
+def test_default_plan_for_the_full_nih_data_set():
+    # NIH ChestX-ray14: 112,120 PNGs of 1024 px, ~42 GB (~375 kB each); the train part of
+    # the patient split has ~77,900 of them, ~29 GB. Planned without writing anything.
+    items = fake_items(77_872, 374_600, 1024)
+    estimate = T._estimated_bytes(items, None)
+    assert 28_000 * MB < estimate < 31_000 * MB
+    counts = T._shard_counts(items, None, T.DEFAULT_SHARD_MB, None)
+    k = len(counts)
+    assert k % 8 == 0 and 280 <= k <= 320  # hundreds of shards, evenly split by 1..8 workers
+    assert sum(counts) == len(items) and max(counts) - min(counts) <= 1
+    assert 90 * MB <= estimate / k <= 100 * MB  # ~100 MB each, never above the target
+    # resized to 224 px at conversion time: ~21x less data, still a multiple of 8
+    small = T._shard_counts(items, None, T.DEFAULT_SHARD_MB, 224)
+    assert len(small) == 16 and sum(small) == len(items)
+    # the whole data set: every split a multiple of 8
+    for n in (8_652, 25_596):  # val, test
+        assert len(T._shard_counts(fake_items(n, 374_600, 1024), None, 100.0, None)) % 8 == 0
+    # an explicit shard_size is taken as given: no rounding
+    assert len(T._shard_counts(items, 1000, 100.0, None)) == 78
+
+
+def test_default_plan_on_a_small_data_set(tmp_path):
+    root, records = make_dataset(tmp_path / "data", n_train_val=24, n_test=5, size=32)
+    out = tmp_path / "tfr"
+    result = T.convert_dataset(root, out, workers=1, progress=False)
+    per_shard = {p: [len(list(T.read_records(f))) for f in T.list_shards(out, p)]
+                 for p in T.SPLITS}
+    assert per_shard["test"] == [1] * 5              # fewer than 8 images: one shard each
+    assert 0 < result.counts["val"] < 8 and per_shard["val"] == [1] * result.counts["val"]
+    assert result.counts["train"] >= 8 and len(per_shard["train"]) == 8
+    assert sum(map(sum, per_shard.values())) == len(records)
+    assert T.verify(out, root).ok
+    lines = split_lines(result.summary())
+    assert lines["train"] == (f"  train {result.counts['train']} images in 8 shard(s) "
+                              "(divisible among 1, 2, 4, 8 workers)")
+    assert lines["test"].endswith("5 shard(s) (divisible among 1 worker only; file-level "
+                                  "sharding over at most 5 workers)")
+    assert result.manifest["params"]["shard_multiple"] == 8
+    # the plan does not depend on the worker count, and a rerun keeps every shard
+    T.convert_dataset(root, tmp_path / "tfr2", workers=2, progress=False)
+    assert shard_bytes(out) == shard_bytes(tmp_path / "tfr2")
+    again = T.convert_dataset(root, out, workers=1, progress=False)
+    assert again.written_shards == 0 and again.reused_shards == 5 + 8 + result.counts["val"]
+
+
+def test_default_conversion_of_synthetic_data_shards_over_workers(tmp_path, capsys, tf):
+    # The user story end to end (smaller than 1500 x 256 px, same rule): synth -> tfrecords
+    # with defaults -> file-level sharding over 2 workers (as `bench scaling --workers 1,2`).
+    from chexnet_utils import pipelines
+
+    data, out = tmp_path / "D", tmp_path / "T"
+    assert main(["synth", "--out", str(data), "--n", "120", "--size", "128",
+                 "--workers", "1"]) == 0
+    assert main(["tfrecords", "--data-dir", str(data), "--out", str(out), "--workers", "1",
+                 "--no-progress"]) == 0
+    lines = split_lines(capsys.readouterr().out)
+    assert set(lines) == set(T.SPLITS)
+    manifest = T.load_manifest(out)
+    for part, info in manifest["splits"].items():
+        k = len(T.list_shards(out, part))
+        assert k == info["shards"] and k == (info["images"] if info["images"] < 8 else 8)
+        assert f" in {k} shard(s) (divisible among" in lines[part]
+    files = T.list_shards(out, "train")
+    assert len(files) == 8
+    names = []
+    for rank in range(2):  # what each of 2 Horovod workers reads
+        ds = pipelines.new_approach(files, batch_size=16, image_size=32, training=False,
+                                    num_workers=2, worker_index=rank, with_names=True)
+        names.append({n.decode() for _, _, batch in ds.as_numpy_iterator() for n in batch})
+    assert not names[0] & names[1]
+    assert len(names[0]) + len(names[1]) == manifest["splits"]["train"]["images"]
+    assert abs(len(names[0]) - len(names[1])) <= 4  # 4 files each, differing by <= 1 image
+
+
+def test_old_default_plan_folder_is_refused_with_a_clear_message(dataset, tmp_path, capsys):
+    root, _ = dataset
+    out = tmp_path / "tfr"
+    T.convert_dataset(root, out, workers=1, progress=False)
+    path = out / T.MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    del manifest["params"]["shard_multiple"]  # as written by the versions before the rule
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(T.ConversionError,
+                       match=r"shard_multiple: None -> 8\) \(it was made by an older version.*"
+                             r"multiple of 8.*overwrite"):
+        T.convert_dataset(root, out, workers=1, progress=False)
+    args = ["tfrecords", "--data-dir", str(root), "--out", str(out), "--workers", "1",
+            "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "older version" in err and "--overwrite" in err
+    assert main([*args, "--overwrite"]) == 0
+    assert T.verify(out, root).ok
+    assert T.load_manifest(out)["params"]["shard_multiple"] == 8
+
+
+def test_old_shard_size_folder_is_still_reused(dataset, tmp_path):
+    # the notebooks' ci/workstation conversions name shard_size; their plan did not change,
+    # so a folder written before the rule (no shard_multiple) is kept as it is
+    root, _ = dataset
+    out = tmp_path / "tfr"
+    first = T.convert_dataset(root, out, shard_size=6, workers=1, progress=False)
+    path = out / T.MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    del manifest["params"]["shard_multiple"]
+    path.write_text(json.dumps(manifest))
+    again = T.convert_dataset(root, out, shard_size=6, workers=1, progress=False)
+    assert again.written_shards == 0 and again.reused_shards == len(first.manifest["shards"])
+    # a default conversion into that folder is refused, naming the parameters (no old-plan hint)
+    with pytest.raises(T.ConversionError, match="shard_size: 6 -> None") as err:
+        T.convert_dataset(root, out, workers=1, progress=False)
+    assert "older version" not in str(err.value)
 
 
 def test_byte_identical_across_runs_and_worker_counts(dataset, tmp_path):
