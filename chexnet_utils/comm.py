@@ -505,7 +505,7 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
               "update_norm": _update_norm(model, initial)}
     recorded = None
     if timeline_path:
-        recorded = _record_timeline(hvd, timeline_path, lambda: step().numpy(), timeline_steps)
+        recorded = record_timeline(hvd, timeline_path, lambda: step().numpy(), timeline_steps)
     return {"backend": "horovod", "reduction": reduction, "compression": compression,
             "rank": rank, "size": n, **_throughput(runs, c, n),
             "params": int(model.count_params()), **checks, "timeline_path": recorded,
@@ -541,7 +541,7 @@ class _OptimizerHolder:
         self.optimizer = optimizer
 
 
-def _record_timeline(hvd: Any, path: str, fn: Callable[[], Any], steps: int) -> str | None:
+def record_timeline(hvd: Any, path: str, fn: Callable[[], Any], steps: int) -> str | None:
     """Run ``fn`` ``steps`` times with Horovod's timeline recording to ``path``."""
     mode = os.environ.get("HOROVOD_TIMELINE", "")
     if mode.upper() != "DYNAMIC":

@@ -44,35 +44,28 @@ The six changes that turn a single-worker Keras script into a Horovod one, and w
 1. ``hvd.init()``: :func:`init_world`;
 2. one GPU per process, pinned by local rank (on CPU: a thread budget): :func:`init_world` calls
    :func:`chexnet_utils.devices.pin_process`;
-3. learning rate scaled by the number of workers (:func:`_scaled_learning_rate`), reached
-   gradually over ``warmup_epochs`` (Goyal et al.'s warm-up, the ``Warmup`` callback);
+3. learning rate raised with the number of workers (:func:`scaled_learning_rate`: ``sqrt``
+   for Adam by default, ``linear`` as Goyal et al. derived for SGD), reached gradually over
+   ``warmup_epochs`` (the ``Warmup`` callback);
 4. gradients averaged across workers before the optimizer step: :func:`gradient_averager`
-   returns ``hvd.grouped_allreduce(grads, op=hvd.Average)``, applied in the model's
-   ``train_step`` (``hvd.DistributedGradientTape`` fails on Keras 3 variables);
+   returns one ``hvd.allreduce`` per gradient (overlapping the backward pass), applied in
+   the model's ``train_step`` (the four ways to do this on Keras 3, and the documented one
+   that silently does not average, are in :mod:`chexnet_utils.horovod_keras`);
 5. rank 0's model and optimizer variables broadcast to all before the first step:
    :func:`broadcast_initial_state`;
 6. checkpoints, logs and ``metrics.json`` written by rank 0 only.
 
 Besides: each worker reads its own shard files (``num_workers=size, worker_index=rank``),
-``steps_per_epoch`` defaults to ``train images // (batch_size * size)``, and the epoch's
-training metrics are averaged across workers (``MetricAverage`` callback) so the logs and
-the LR schedule see the whole job, not one worker's shard.
-
-Where each piece lives:
-
-* :func:`init_world` gives ``(rank, size)``, ``(0, 1)`` when not distributed;
-* the training pipeline gets ``num_workers=size, worker_index=rank`` (file-level sharding);
-  ``steps_per_epoch`` defaults to ``train images // (batch_size * size)``;
-* :func:`gradient_averager` is the ``grads -> grads`` function the model's ``train_step``
-  applies before the optimizer (:attr:`chexnet_utils.models.ChexNet.gradient_reducer`):
-  ``None`` on one worker, ``hvd.grouped_allreduce(g, op=hvd.Average)`` under Horovod;
-* :func:`broadcast_initial_state` runs once before the first step (after the optimizer is
-  built), where Horovod broadcasts rank 0's model and optimizer variables;
-* :func:`_scaled_learning_rate` multiplies the learning rate by ``size`` (``scale_lr``);
-* only rank 0 writes checkpoints, logs and ``metrics.json``, prints progress, and evaluates
-  the test split. Every rank evaluates the whole (small) validation split, so the
-  learning-rate schedule and the best-epoch decision are identical on all ranks without
-  an extra collective.
+``steps_per_epoch`` defaults to ``train images // (batch_size * size)``, the epoch's
+training metrics are averaged across workers (``MetricAverage``), and so are the validation
+metrics: every rank predicts the whole validation split with its own BatchNorm moving
+statistics, which differ slightly between ranks, and the learning-rate plateau and the
+best-epoch choice must be taken on identical numbers everywhere, or the ranks' learning
+rates (and then their weights) drift apart. A ``RankAgreement`` callback
+(:func:`chexnet_utils.horovod_keras.rank_agreement_callback`) compares a digest of the
+trainable weights across ranks after the first steps and at every epoch end and stops the
+job with :class:`~chexnet_utils.horovod_keras.RanksDiverged` if they differ. ``metrics.json``
+records every rank's final learning rate and weight hash (``ranks``).
 """
 
 from __future__ import annotations
@@ -180,7 +173,13 @@ class TrainConfig:
     """Train as one Horovod worker of many (``hvd.init()`` etc.; see the module docstring).
     Every process of the job calls :func:`train` with the same config."""
     scale_lr: bool = True
-    """Multiply the learning rate by the number of workers when distributed."""
+    """Distributed: raise the learning rate with the number of workers (``lr_scaling``)."""
+    lr_scaling: str = "sqrt"
+    """How, with ``scale_lr``: ``"sqrt"`` (``lr * sqrt(N)``, the default for Adam) or
+    ``"linear"`` (``lr * N``, Goyal et al.'s rule for SGD); see :func:`scaled_learning_rate`."""
+    allreduce: str = "per_tensor"
+    """Distributed: ``"per_tensor"`` (one allreduce per gradient, overlapping the backward
+    pass) or ``"grouped"`` (one grouped allreduce after it); see :func:`gradient_averager`."""
     warmup_epochs: float = 1.0
     """Distributed with ``scale_lr``: epochs over which the learning rate rises linearly from
     the single-worker value to the scaled one (0: no warm-up)."""
@@ -224,6 +223,11 @@ class TrainConfig:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if not 0 < self.plateau_factor < 1:
             raise ValueError(f"plateau_factor must be in (0, 1), got {self.plateau_factor}")
+        if self.lr_scaling not in LR_SCALINGS:
+            raise ValueError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)}, "
+                             f"got {self.lr_scaling!r}")
+        if self.allreduce not in ("per_tensor", "grouped"):
+            raise ValueError(f"allreduce must be 'per_tensor' or 'grouped', got {self.allreduce!r}")
         if self.warmup_epochs < 0:
             raise ValueError(f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
         if self.plateau_monitor not in ("val_loss", "val_mean_auroc", "loss"):
@@ -295,21 +299,22 @@ def init_world(distributed: bool = False) -> tuple[int, int]:
     return hvd.rank(), hvd.size()
 
 
-def gradient_averager(distributed: bool = False) -> Callable[[list[Any]], list[Any]] | None:
+def gradient_averager(distributed: bool = False, mode: str = "per_tensor"
+                      ) -> Callable[[list[Any]], list[Any]] | None:
     """The ``grads -> grads`` function of the model's ``train_step`` (``None``: identity).
 
-    Distributed: every worker's gradients are averaged in one fused ``grouped_allreduce``
-    (ring-allreduce over MPI/Gloo on CPU, NCCL on GPUs). ``hvd.DistributedGradientTape``
-    would do the same but fails on Keras 3 variables.
+    Distributed: every worker's gradients are averaged (ring-allreduce over MPI/Gloo on CPU,
+    NCCL on GPUs). ``mode="per_tensor"`` (default): one ``hvd.allreduce`` per gradient, so
+    communication overlaps the backward pass; ``"grouped"``: one ``hvd.grouped_allreduce``
+    after it (see :mod:`chexnet_utils.horovod_keras`).
     """
     if not distributed:
         return None
-    import horovod.tensorflow as hvd
+    from chexnet_utils.horovod_keras import AVERAGERS
 
-    def allreduce_average(grads: list[Any]) -> list[Any]:
-        return list(hvd.grouped_allreduce(grads, op=hvd.Average))
-
-    return allreduce_average
+    if mode not in AVERAGERS:
+        raise ValueError(f"mode must be one of {', '.join(AVERAGERS)}, got {mode!r}")
+    return AVERAGERS[mode]
 
 
 def broadcast_initial_state(model: keras.Model, distributed: bool = False) -> None:
@@ -358,9 +363,26 @@ def weights_checksum(model: keras.Model, trainable_only: bool = True) -> str:
     return h.hexdigest()
 
 
-def _scaled_learning_rate(lr: float, size: int, scale: bool) -> float:
-    """Linear scaling rule (Goyal et al. 2017): ``lr * size`` for ``size`` workers."""
-    return lr * size if scale else lr
+LR_SCALINGS = ("sqrt", "linear")
+
+
+def scaled_learning_rate(lr: float, size: int, scaling: str | None = "sqrt") -> float:
+    """The learning rate for ``size`` workers, each with the single-worker batch.
+
+    ``"linear"``: ``lr * size``, Goyal et al.'s rule for SGD (the global batch grows ``size``
+    times, so does the step), with warm-up. ``"sqrt"``: ``lr * sqrt(size)``, the usual
+    default for adaptive optimizers such as Adam, whose update size does not grow with the
+    gradient's scale the way SGD's does (the linear rule, derived for SGD, often
+    overshoots with Adam). ``None``: unchanged.
+    """
+    if scaling is None:
+        return lr
+    if scaling == "linear":
+        return lr * size
+    if scaling == "sqrt":
+        return lr * math.sqrt(size)
+    raise ValueError(f"learning-rate scaling must be one of {', '.join(LR_SCALINGS)} or None, "
+                     f"got {scaling!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -514,18 +536,28 @@ def _callback_classes() -> dict[str, type]:
         """Predict the whole val split at epoch end; add ``val_loss`` and ``val_mean_auroc``
         (exact, numpy) to the logs, keep the per-class AUROC of every epoch."""
 
-        def __init__(self, dataset: tf.data.Dataset, loss_fn: Any) -> None:
+        def __init__(self, dataset: tf.data.Dataset, loss_fn: Any,
+                     distributed: bool = False) -> None:
             super().__init__()
             self.dataset = dataset
             self.loss_fn = loss_fn
+            self.distributed = distributed
             self.per_class: dict[int, dict[str, float]] = {}
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             y_true, y_score = predict_split(self.model, self.dataset)
             per_class = per_class_auroc(y_true, y_score)
+            loss = _loss_value(self.loss_fn, y_true, y_score)
+            if self.distributed:
+                # Each rank predicts with its own BatchNorm moving statistics, so its numbers
+                # differ a little; every decision taken on them (learning-rate plateau, best
+                # epoch) must see the same numbers on every rank: average them first.
+                averaged = _allreduce_mean({**per_class, "__loss__": loss})
+                loss = averaged.pop("__loss__")
+                per_class = {name: averaged[name] for name in per_class}
             self.per_class[epoch] = per_class
             if logs is not None:
-                logs["val_loss"] = _loss_value(self.loss_fn, y_true, y_score)
+                logs["val_loss"] = loss
                 logs["val_mean_auroc"] = mean_auroc(per_class)
 
     class PlateauLR(keras.callbacks.ReduceLROnPlateau):
@@ -705,13 +737,14 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
             f"learning rate {float(np.asarray(model.optimizer.learning_rate)):.3g}")
     else:
         model = build_chexnet(cfg.arch, cfg.image_size, weights=cfg.weights)
-        lr = _scaled_learning_rate(cfg.learning_rate, size, cfg.scale_lr and cfg.distributed)
+        lr = scaled_learning_rate(cfg.learning_rate, size,
+                                  cfg.lr_scaling if cfg.scale_lr and cfg.distributed else None)
         model.compile(optimizer=keras.optimizers.Adam(lr), loss=loss_fn,
                       metrics=[MeanAUROC()],
                       jit_compile=False if cfg.distributed else "auto")
         state = {"format": STATE_FORMAT, "arch": cfg.arch, "image_size": cfg.image_size,
                  "epoch": 0, "best_epoch": None, "best_score": None, "history": []}
-    model.gradient_reducer = gradient_averager(cfg.distributed)
+    model.gradient_reducer = gradient_averager(cfg.distributed, cfg.allreduce)
     model.optimizer.build(model.trainable_variables)  # variables exist before the broadcast
 
     train_ds = build_pipeline(cfg.pipeline, train_files, cfg.batch_size, cfg.image_size,
@@ -723,16 +756,21 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     C = _callback_classes()
     timer = C["EpochTimer"]()
     cbs: list[Any] = [C["Broadcast"](cfg.distributed), timer]
+    agreement = None
     if cfg.distributed:
-        cbs.append(C["MetricAverage"]())
+        from chexnet_utils.horovod_keras import rank_agreement_callback
+
+        # the ranks must hold the same weights before anything acts on this epoch
+        agreement = rank_agreement_callback(after_steps=2)
+        cbs += [agreement, C["MetricAverage"]()]
         warmup_steps = int(round(cfg.warmup_epochs * steps))
         if cfg.scale_lr and size > 1 and warmup_steps > 0:
-            cbs.append(C["Warmup"](cfg.learning_rate, _scaled_learning_rate(
-                cfg.learning_rate, size, True), warmup_steps))
+            cbs.append(C["Warmup"](cfg.learning_rate, scaled_learning_rate(
+                cfg.learning_rate, size, cfg.lr_scaling), warmup_steps))
     validation = None
     if val_files:
         validation = C["Validation"](_eval_dataset(val_files, cfg.batch_size, cfg.image_size,
-                                                   cfg.antialias), loss_fn)
+                                                   cfg.antialias), loss_fn, cfg.distributed)
         cbs.append(validation)
     monitor = cfg.plateau_monitor if validation is not None else "loss"
     plateau = C["PlateauLR"](monitor=monitor,
@@ -763,6 +801,13 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
                   shuffle=False)  # the pipeline shuffles
     fit_s = time.perf_counter() - t_fit
     trained_checksum = weights_checksum(model)  # before rank 0 loads the best epoch's weights
+    final_lr = float(np.asarray(model.optimizer.learning_rate))
+    ranks = [{"rank": rank, "lr": final_lr, "trainable_sha256": trained_checksum}]
+    if cfg.distributed:  # every rank's final learning rate and weights, for the record
+        import horovod.tensorflow as hvd
+
+        ranks = sorted(hvd.allgather_object(ranks[0], name="chexnet_rank_state"),
+                       key=lambda r: r["rank"])
 
     # ---- throughput ------------------------------------------------------------------------
     images_per_epoch = steps * cfg.batch_size * size
@@ -819,6 +864,8 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
             "steps_per_epoch": steps,
             "global_batch_size": cfg.batch_size * size,
             "world_size": size,
+            "ranks": ranks,
+            "ranks_identical": len({(r["lr"], r["trainable_sha256"]) for r in ranks}) == 1,
             "images": counts,
             "timing": timing,
             "config": cfg.to_dict(),

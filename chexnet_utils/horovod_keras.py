@@ -1,0 +1,288 @@
+"""Horovod with Keras 3: the patterns that average gradients, the one that silently does not,
+and the check that catches workers drifting apart.
+
+Measured with Horovod 0.28.1 on Keras 3 (TensorFlow backend), 2 ranks (tests/test_horovod_keras.py):
+
+(a) **custom ``train_step`` with ``hvd.DistributedGradientTape``** (:class:`TapeModel`) works
+    when the tape is asked for the gradients of the *backing* ``tf.Variable`` of each Keras 3
+    variable, ``[v.value for v in model.trainable_variables]``: Horovod names each allreduce
+    after ``var.name`` / ``var.ref()``, which Keras 3 variables do not have;
+(b) **one allreduce per gradient** (:func:`per_tensor_average`, and (a), which does the same)
+    lets communication overlap the backward pass: inside a ``tf.function`` each allreduce is
+    its own op that TensorFlow starts as soon as *that* gradient exists, so the last layer's
+    gradients are on the wire while earlier layers are still being differentiated. One
+    ``grouped_allreduce`` (:func:`grouped_average`) takes every gradient as input, so it
+    starts only after the whole backward pass. A Horovod timeline shows the difference:
+    :func:`enqueue_spread` measures how long after the first gradient the last one reached
+    Horovod, per step (about the backward pass for per-tensor, zero for grouped);
+(c) ``hvd.keras.DistributedOptimizer`` (Horovod's documented Keras recipe) **runs without an
+    error but does not average on Keras 3**: it wraps the optimizer's ``get_gradients`` /
+    ``_compute_gradients``, which Keras 2's ``fit`` called and Keras 3's ``train_step`` never
+    calls (it uses a ``GradientTape`` and ``apply_gradients``). Every rank then trains on its
+    own gradients and the copies drift apart (:func:`keras_optimizer_digests` proves it).
+    The same script works on Keras 2 (``tf-keras`` with ``TF_USE_LEGACY_KERAS=1``);
+(d) the project's own ``train_step`` (:class:`chexnet_utils.models.ChexNet`) with a
+    ``gradient_reducer`` seam, filled with (b) by :func:`chexnet_utils.training.train`.
+
+Whatever the pattern, :class:`RankAgreement` compares a cheap digest of the trainable weights
+across ranks after the first steps and at every epoch end and raises :class:`RanksDiverged`
+naming the likely cause, instead of letting the job train on silently different copies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+DIVERGENCE_CAUSES = (
+    "an optimizer that does not average gradients (hvd.keras.DistributedOptimizer with "
+    "Keras 3's model.fit does not: use hvd.DistributedGradientTape in train_step or "
+    "allreduce the gradients yourself), a decision taken on one rank's own numbers (a "
+    "learning-rate change or early stop from unaveraged validation metrics), or initial "
+    "weights that were not broadcast from rank 0")
+
+
+class RanksDiverged(RuntimeError):
+    """The workers of a data-parallel job no longer hold the same trainable weights."""
+
+
+# ---- averaging the gradients -----------------------------------------------------------------
+
+def per_tensor_average(grads: Sequence[Any]) -> list[Any]:
+    """Pattern (b): one ``hvd.allreduce`` per gradient (Horovod fuses small ones itself).
+
+    Inside a ``tf.function`` each allreduce starts as soon as its own gradient is computed,
+    overlapping the rest of the backward pass.
+    """
+    import horovod.tensorflow as hvd
+
+    return [hvd.allreduce(g, op=hvd.Average, name=f"grad_{i}") for i, g in enumerate(grads)]
+
+
+def grouped_average(grads: Sequence[Any]) -> list[Any]:
+    """One ``hvd.grouped_allreduce`` over all gradients: starts after the whole backward pass."""
+    import horovod.tensorflow as hvd
+
+    return list(hvd.grouped_allreduce(list(grads), op=hvd.Average))
+
+
+AVERAGERS: dict[str, Callable[[Sequence[Any]], list[Any]]] = {
+    "per_tensor": per_tensor_average, "grouped": grouped_average}
+
+
+@lru_cache(maxsize=None)
+def _tape_model_class() -> type:
+    import keras
+
+    class TapeModel(keras.Model):
+        """Pattern (a): Keras ``fit`` with a custom ``train_step`` that averages the gradients
+        with ``hvd.DistributedGradientTape`` (Horovod's recipe for custom training steps).
+
+        Build it like a functional model: ``TapeModel(inputs, outputs)``.
+        """
+
+        def train_step(self, data: Any) -> dict[str, Any]:
+            import horovod.tensorflow as hvd
+            import tensorflow as tf
+
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(x=x, y=y, y_pred=y_pred,
+                                         sample_weight=sample_weight, training=True)
+            tape = hvd.DistributedGradientTape(tape)
+            # Keras 3 variables wrap a tf.Variable: give Horovod the tf.Variables (.value)
+            grads = tape.gradient(loss, [v.value for v in self.trainable_variables])
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    return TapeModel
+
+
+def tape_model(inputs: Any, outputs: Any, **kwargs: Any) -> Any:
+    """A functional Keras model whose ``fit`` averages gradients with
+    ``hvd.DistributedGradientTape`` (pattern (a))."""
+    return _tape_model_class()(inputs, outputs, **kwargs)
+
+
+def broadcast_model(model: Any) -> None:
+    """Rank 0's model and optimizer variables to every rank (Keras 3: their ``.value``)."""
+    import horovod.tensorflow as hvd
+
+    variables = list(model.variables)
+    if getattr(model, "optimizer", None) is not None and model.optimizer.built:
+        variables += list(model.optimizer.variables)
+    hvd.broadcast_variables([v.value for v in variables], root_rank=0)
+
+
+# ---- are the ranks still the same model? -------------------------------------------------------
+
+def weights_digest(weights: Sequence[Any]) -> np.ndarray:
+    """Cheap fingerprint of a list of weights: per tensor, the float64 sum and the sum of
+    squares of its values. Equal on every rank of a healthy job (the same computation on
+    the same numbers); any drift changes it."""
+    out = np.empty(2 * len(weights), np.float64)
+    for i, w in enumerate(weights):
+        a = np.asarray(w, dtype=np.float64)
+        out[2 * i] = a.sum()
+        out[2 * i + 1] = np.square(a).sum()
+    return out
+
+
+def weights_sha256(weights: Sequence[Any]) -> str:
+    """sha256 of the weights' bytes, in order (what ``metrics.json`` records per rank)."""
+    h = hashlib.sha256()
+    for w in weights:
+        h.update(np.ascontiguousarray(np.asarray(w)).tobytes())
+    return h.hexdigest()
+
+
+def digests_agree(digests: np.ndarray) -> list[int]:
+    """Ranks (rows of ``digests``) whose fingerprint differs from rank 0's; ``[]`` if none."""
+    d = np.asarray(digests, dtype=np.float64)
+    return [r for r in range(1, d.shape[0]) if not np.array_equal(d[r], d[0])]
+
+
+def check_ranks_agree(weights: Sequence[Any], where: str) -> None:
+    """Gather every rank's :func:`weights_digest` and raise :class:`RanksDiverged` on every
+    rank if any differs from rank 0's (all ranks raise together: no rank is left waiting in
+    a collective). ``where`` says when ("after step 2", "at the end of epoch 3")."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    mine = weights_digest(weights)
+    gathered = hvd.allgather(tf.constant(mine[None, :]), name="chexnet_rank_digest").numpy()
+    bad = digests_agree(gathered)
+    if bad:
+        raise RanksDiverged(
+            f"the workers hold different weights {where}: rank(s) {bad} differ from rank 0. "
+            f"Likely cause: {DIVERGENCE_CAUSES}.")
+
+
+def rank_agreement_callback(after_steps: int = 2) -> Any:
+    """A Keras callback: :func:`check_ranks_agree` after ``after_steps`` steps of the first
+    epoch and at every epoch end (first in the list of callbacks that change state)."""
+    import keras
+
+    class RankAgreement(keras.callbacks.Callback):
+        """Stops a Horovod job whose workers drifted apart (see :func:`check_ranks_agree`)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.checked_early = False
+            self.checks = 0
+
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            if not self.checked_early and batch + 1 >= after_steps:
+                self.checked_early = True
+                self.checks += 1
+                check_ranks_agree(self.model.trainable_weights, f"after step {batch + 1}")
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            self.checks += 1
+            check_ranks_agree(self.model.trainable_weights, f"at the end of epoch {epoch + 1}")
+
+    return RankAgreement()
+
+
+# ---- (c) the documented Keras recipe on Keras 3 --------------------------------------------
+
+def keras_optimizer_digests(steps: int = 4, batch_size: int = 8, image_size: int = 32,
+                            seed: int = 0, check: bool = False) -> dict[str, Any]:
+    """Run Horovod's documented Keras recipe on this rank, Keras 3, and report.
+
+    Same initial weights on every rank (same seed, then broadcast from rank 0), a different
+    batch per rank, ``hvd.keras.DistributedOptimizer(SGD)``, ``model.compile`` +
+    ``model.fit``. If the optimizer averaged, all ranks would end identical. Returns this
+    rank's ``{"rank", "start", "end"}`` digests (sha256 of the trainable weights before and
+    after ``fit``), to be compared across ranks; with ``check`` a :class:`RankAgreement`
+    callback is added and :class:`RanksDiverged` is raised instead.
+    """
+    import horovod.tensorflow as hvd
+    import horovod.tensorflow.keras as hvd_keras
+    import keras
+
+    from chexnet_utils.models import build_chexnet
+
+    hvd.init()
+    keras.utils.set_random_seed(seed)
+    model = build_chexnet("small", image_size)
+    opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.05))
+    model.compile(optimizer=opt, loss="binary_crossentropy")
+    broadcast_model(model)
+    start = weights_sha256(model.trainable_weights)
+    rng = np.random.default_rng(1000 + hvd.rank())  # each rank its own data
+    x = rng.random((steps * batch_size, image_size, image_size, 3), dtype=np.float32)
+    y = (rng.random((steps * batch_size, 14)) < 0.3).astype(np.float32)
+    callbacks = [rank_agreement_callback(after_steps=2)] if check else []
+    model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False,
+              callbacks=callbacks)
+    return {"rank": hvd.rank(), "start": start, "end": weights_sha256(model.trainable_weights)}
+
+
+# ---- (b) does communication overlap the backward pass? -------------------------------------
+
+def enqueue_spread(events: Sequence[Any], n_tensors: int) -> list[float]:
+    """Per training step, milliseconds from the first gradient to the last one reaching
+    Horovod (start of ``NEGOTIATE_ALLREDUCE`` in a timeline from
+    :func:`chexnet_utils.comm.parse_timeline`).
+
+    ``n_tensors`` is the number of gradients per step. With one allreduce per gradient the
+    spread is about the backward pass (communication of the first gradients overlaps it);
+    with one grouped allreduce it is zero (nothing is sent before the backward pass ends).
+    """
+    if n_tensors < 1:
+        raise ValueError(f"n_tensors must be >= 1, got {n_tensors}")
+    starts = sorted(e.start_us for e in events
+                    if e.phase.startswith("NEGOTIATE") and e.depth == 0)
+    steps = len(starts) // n_tensors
+    return [(starts[(s + 1) * n_tensors - 1] - starts[s * n_tensors]) / 1000.0
+            for s in range(steps)]
+
+
+def allreduce_enqueue_spread(mode: str, path: str, steps: int = 4, image_size: int = 64,
+                             batch_size: int = 8, arch: str = "small") -> dict[str, Any] | None:
+    """Run on every engine: train ``steps`` steps of ``arch`` with the gradients averaged
+    per ``mode`` (``"per_tensor"`` or ``"grouped"``) while Horovod records a timeline at
+    ``path``; rank 0 returns ``{"mode", "n_tensors", "spread_ms", "step_ms", "timeline"}``
+    (:func:`enqueue_spread` per step), the other ranks ``None``.
+
+    Needs ``HOROVOD_TIMELINE=DYNAMIC`` in the engines' environment
+    (``MPICluster(env={"HOROVOD_TIMELINE": "DYNAMIC"})``).
+    """
+    import time
+
+    import horovod.tensorflow as hvd
+    import keras
+
+    from chexnet_utils.comm import parse_timeline, record_timeline, wait_for_timeline
+    from chexnet_utils.models import build_chexnet
+
+    if mode not in AVERAGERS:
+        raise ValueError(f"mode must be one of {', '.join(AVERAGERS)}, got {mode!r}")
+    hvd.init()
+    keras.utils.set_random_seed(0)
+    model = build_chexnet(arch, image_size)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="binary_crossentropy")
+    model.gradient_reducer = AVERAGERS[mode]
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.random((batch_size, image_size, image_size, 3), dtype=np.float32)
+    y = (rng.random((batch_size, 14)) < 0.3).astype(np.float32)
+    for _ in range(2):  # trace the step and fill Horovod's caches first
+        model.train_on_batch(x, y)
+    t0 = time.perf_counter()
+    recorded = record_timeline(hvd, path, lambda: model.train_on_batch(x, y), steps)
+    step_ms = (time.perf_counter() - t0) * 1000.0 / steps
+    if recorded is None:
+        return None
+    wait_for_timeline(recorded)
+    n = len(model.trainable_weights)
+    return {"mode": mode, "n_tensors": n, "spread_ms": enqueue_spread(parse_timeline(recorded), n),
+            "step_ms": step_ms, "timeline": recorded}
