@@ -13,6 +13,8 @@ Notebooks narrate; this package implements. Modules, one concern each:
   :mod:`~chexnet_utils.explain` (Grad-CAM);
 - many workers: :mod:`~chexnet_utils.devices` (one process per GPU),
   :mod:`~chexnet_utils.distributed` (MPI, ipyparallel MPI engines),
+  :mod:`~chexnet_utils.horovod_keras` (averaging gradients on Keras 3, the pitfall, the
+  rank-agreement check),
   :mod:`~chexnet_utils.scaling` (images/s on 1..N workers), :mod:`~chexnet_utils.comm`
   (parameter server vs ring-allreduce, cost model, Horovod timeline);
 - measuring and showing: :mod:`~chexnet_utils.benchmark`, :mod:`~chexnet_utils.plots`,
@@ -22,7 +24,8 @@ Notebooks narrate; this package implements. Modules, one concern each:
 - plumbing: :mod:`~chexnet_utils.config` (``CHEXNET_SCALE``, ``CHEXNET_DATA_DIR``),
   :mod:`~chexnet_utils.envcheck`, :mod:`~chexnet_utils.atomic`, :mod:`~chexnet_utils.nbtools`,
   :mod:`~chexnet_utils.tutorial`, :mod:`~chexnet_utils.lab` (JupyterLab for ``make lab`` and
-  the browser check), :mod:`~chexnet_utils.cli` (``python -m chexnet_utils``).
+  the browser check), :mod:`~chexnet_utils.processes` (SIGTERM cleans up, nothing outlives a
+  command), :mod:`~chexnet_utils.cli` (``python -m chexnet_utils``).
 """
 
 from chexnet_utils.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES

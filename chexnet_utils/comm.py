@@ -441,8 +441,8 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
 
     The step is a ``tf.function``: forward, loss, ``tape.gradient``, average the gradients
     with Horovod, ``optimizer.apply_gradients`` (SGD). ``reduction="grouped"`` averages them
-    in one ``hvd.grouped_allreduce`` (as :mod:`chexnet_utils.training`), ``"per_tensor"``
-    with one ``hvd.allreduce`` per gradient (as ``hvd.DistributedGradientTape``); optional
+    in one ``hvd.grouped_allreduce``, ``"per_tensor"`` (as :mod:`chexnet_utils.training`)
+    with one ``hvd.allreduce`` per gradient (like ``hvd.DistributedGradientTape``); optional
     ``compression="fp16"``. Rank 0's initial weights are broadcast first.
 
     With ``timeline_path`` and ``HOROVOD_TIMELINE=DYNAMIC`` in the workers' environment

@@ -192,6 +192,45 @@ def rank_agreement_callback(after_steps: int = 2) -> Any:
     return RankAgreement()
 
 
+# ---- proving a pattern on N ranks ------------------------------------------------------------
+
+def pattern_digests(pattern: str, steps: int = 3, image_size: int = 32,
+                    batch_size: int = 8) -> tuple[str, str]:
+    """Run on every engine: does ``pattern`` keep the ranks identical?
+
+    Different initial weights per rank (a rank-dependent seed), made equal by the broadcast;
+    different data per rank; ``steps`` steps of ``model.fit`` with the gradients averaged by
+    ``pattern``: ``"tape"`` (a), ``"per_tensor"`` (b, the project's default) or ``"grouped"``
+    on the project's own ``train_step`` (d). Returns the sha256 of the trainable weights
+    before and after ``fit``: equal across ranks before (broadcast) and after (averaging),
+    different from each other (training happened).
+    """
+    import horovod.tensorflow as hvd
+    import keras
+
+    from chexnet_utils.models import build_chexnet
+
+    if pattern not in ("tape", *AVERAGERS):
+        raise ValueError(f"pattern must be 'tape', 'per_tensor' or 'grouped', got {pattern!r}")
+    hvd.init()
+    keras.utils.set_random_seed(hvd.rank())  # different on purpose: the broadcast fixes it
+    model = build_chexnet("small", image_size)
+    if pattern == "tape":
+        model = tape_model(model.inputs, model.outputs)
+    else:
+        model.gradient_reducer = AVERAGERS[pattern]
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    broadcast_model(model)
+    start = weights_sha256(model.trainable_weights)
+    rng = np.random.default_rng(7 + hvd.rank())
+    n = batch_size * steps
+    x = rng.random((n, image_size, image_size, 3), dtype=np.float32)
+    y = (rng.random((n, 14)) < 0.3).astype(np.float32)
+    model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False)
+    return start, weights_sha256(model.trainable_weights)
+
+
 # ---- (c) the documented Keras recipe on Keras 3 --------------------------------------------
 
 def keras_optimizer_digests(steps: int = 4, batch_size: int = 8, image_size: int = 32,
@@ -286,3 +325,10 @@ def allreduce_enqueue_spread(mode: str, path: str, steps: int = 4, image_size: i
     n = len(model.trainable_weights)
     return {"mode": mode, "n_tensors": n, "spread_ms": enqueue_spread(parse_timeline(recorded), n),
             "step_ms": step_ms, "timeline": recorded}
+
+
+def error_line(exc: BaseException, name: str) -> str:
+    """The line of ``exc``'s text (for an engine's error: the remote traceback ipyparallel
+    passes on) that names ``name`` (e.g. ``"RanksDiverged"``), else the first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return next((line for line in lines if name in line), lines[0] if lines else repr(exc))

@@ -10,9 +10,10 @@ What is here
   Keras' own with one seam: the gradients pass through :attr:`ChexNet.gradient_reducer`
   (identity by default) before the optimizer applies them. Data-parallel training plugs the
   gradient average in there, e.g. with Horovod
-  ``model.gradient_reducer = lambda g: hvd.grouped_allreduce(g, op=hvd.Average)``.
-  (``hvd.DistributedGradientTape`` / ``hvd.DistributedOptimizer`` do not work with Keras 3
-  variables, so the seam sits in ``train_step``.)
+  ``model.gradient_reducer = chexnet_utils.horovod_keras.per_tensor_average``.
+  (``hvd.DistributedGradientTape`` works on Keras 3 only when asked for the gradients of the
+  variables' ``.value``; ``hvd.keras.DistributedOptimizer`` runs but does not average on
+  Keras 3: :mod:`chexnet_utils.horovod_keras`.)
 * :func:`class_weights_from_prevalence` and :class:`WeightedBCE` - the weighted binary
   cross-entropy of the CheXNet paper.
 * :func:`per_class_auroc`, :func:`mean_auroc` (exact, numpy, rank based),

@@ -25,6 +25,7 @@ from urllib.parse import quote
 import psutil
 import pytest
 
+from chexnet_utils import lab as lab_module
 from chexnet_utils.lab import (PROJECT_KERNEL, PROJECT_KERNEL_DISPLAY, LabServer, heading_text,
                                lab_args, main, notebook_title)
 
@@ -71,8 +72,21 @@ def test_make_lab_is_loopback_with_only_the_project_kernel(monkeypatch, capsys):
     assert f"--KernelSpecManager.allowed_kernelspecs={PROJECT_KERNEL}" in args
     assert f"--MappingKernelManager.default_kernel_name={PROJECT_KERNEL}" in args
     calls = []
-    monkeypatch.setattr(os, "execv", lambda exe, argv: calls.append(argv))
-    main(["--notebook-dir", "nb", "--port", "8801"])
+
+    class FakeServer:  # `make lab` runs the server as a child and waits for it
+        def wait(self, timeout=None):
+            return 0
+
+    real_popen = lab_module.subprocess.Popen
+
+    def popen(argv, **kwargs):
+        if "chexnet_utils.processes" in argv:  # the command's watchdog: the real thing
+            return real_popen(argv, **kwargs)
+        calls.append(argv)
+        return FakeServer()
+
+    monkeypatch.setattr(lab_module.subprocess, "Popen", popen)
+    assert main(["--notebook-dir", "nb", "--port", "8801"]) == 0
     (argv,) = calls
     assert argv[1:4] == ["-m", "jupyter", "lab"]
     assert "--ServerApp.root_dir=nb" in argv and argv[-2:] == ["--port", "8801"]
