@@ -361,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    from chexnet_utils.processes import command_lifetime, exit_status
+    from chexnet_utils.processes import command_lifetime, exit_status, interruption
 
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
@@ -374,9 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as e:
-            status = exit_status(e)
-            why = "Ctrl-C" if status == 130 else f"signal {status - 128} ({e})"
-            print(f"\ninterrupted by {why}: stopped its workers; finished work is kept "
-                  "(run the same command again to resume where that applies)",
+            print(f"\ninterrupted by {interruption(e)}: stopped its workers; finished work is "
+                  "kept (run the same command again to resume where that applies)",
                   file=sys.stderr, flush=True)
-            return status
+            return exit_status(e)

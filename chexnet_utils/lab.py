@@ -269,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lab do not outlive this command, even if it is killed (:mod:`chexnet_utils.processes`).
     Returns the server's exit status (143 after SIGTERM).
     """
-    from chexnet_utils.processes import command_lifetime, exit_status
+    from chexnet_utils.processes import command_lifetime, exit_status, interruption
 
     args = list(sys.argv[1:] if argv is None else argv)
     root = "notebooks"
@@ -294,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+            print(f"\ninterrupted by {interruption(e)}: JupyterLab and its kernels stopped",
+                  file=sys.stderr, flush=True)
             return exit_status(e)
 
 

@@ -300,6 +300,13 @@ def _stop_resource_tracker() -> None:
         tracker._stop()
 
 
+def interruption(exc: KeyboardInterrupt) -> str:
+    """``"Ctrl-C"`` or ``"signal 15 (SIGTERM)"``: what stopped the command, for its message."""
+    if isinstance(exc, Terminated):
+        return f"signal {exc.signum} ({signal.Signals(exc.signum).name})"
+    return "Ctrl-C"
+
+
 def exit_status(exc: KeyboardInterrupt) -> int:
     """143 for SIGTERM (:class:`Terminated`), 129 for SIGHUP, 130 for Ctrl-C."""
     if isinstance(exc, Terminated):
