@@ -17,7 +17,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup test unit notebooks tutorial lab browser-check data bench clean distclean
+.PHONY: help setup test unit notebooks tutorial lab browser-check data bench fresh-check clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
@@ -27,6 +27,7 @@ help:
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
 	@echo "make bench      conversion, old vs new pipeline, Horovod scaling -> $(BUILD)/bench-*.json"
+	@echo "make fresh-check  (root) make setup + notebook 00 in a bare Debian 12 chroot, then removed"
 
 setup:
 	@bash scripts/setup.sh
@@ -74,6 +75,13 @@ lab: setup
 # and saves build/browser/NN_*.png (also part of `make test`).
 browser-check: setup
 	$(PY) -m pytest tests/test_browser.py $(PYTEST_ARGS)
+
+# The README's commands on a bare Debian 12 (debootstrap minbase + python3 make git
+# ca-certificates): make setup and notebook 00 in a chroot of this commit, then everything
+# unmounted and removed (scripts/fresh_check.sh; FRESH_NO_CACHE=1 builds Horovod there too,
+# FRESH_KEEP=1 keeps the root). Needs root; CI runs it after make test.
+fresh-check:
+	@bash scripts/fresh_check.sh
 
 clean:
 	rm -rf $(BUILD) .pytest_cache

@@ -354,13 +354,9 @@ def weights_checksum(model: keras.Model, trainable_only: bool = True) -> str:
     batches, so they differ slightly between workers (rank 0's are the ones saved;
     ``hvd.SyncBatchNormalization`` would average them too).
     """
-    import hashlib
+    from chexnet_utils.horovod_keras import weights_sha256
 
-    h = hashlib.sha256()
-    weights = model.trainable_weights if trainable_only else model.weights
-    for w in weights:
-        h.update(np.ascontiguousarray(np.asarray(w)).tobytes())
-    return h.hexdigest()
+    return weights_sha256(model.trainable_weights if trainable_only else model.weights)
 
 
 LR_SCALINGS = ("sqrt", "linear")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make setup: everything the notebooks and tests need, from nothing, idempotently.
-#   1. Open MPI (Debian packages) if mpicc is missing; Chromium (Debian) for the browser test
+#   1. the system packages it needs (scripts/system_packages.sh: venv module, g++, Open MPI,
+#      Chromium for the browser test), with apt-get as root, else it prints the apt-get line
 #   2. a virtual environment with the pinned stack (requirements/base.txt)
 #   3. Horovod built from source with MPI + Gloo against that TensorFlow, the wheel cached
 #      under $CHEXNET_CACHE keyed by Horovod, TensorFlow, Python and MPI versions
@@ -18,33 +19,12 @@ KERNEL_NAME=${KERNEL_NAME:-chexnet-at-scale}
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 t0=$(date +%s)
 
-# 1. Open MPI -------------------------------------------------------------------------
-if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    say "installing Open MPI from Debian packages"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt_updated=1
-    apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
-  else
-    echo "Open MPI is missing and this is not root. Run:" >&2
-    echo "    sudo apt-get update && sudo apt-get install -y openmpi-bin libopenmpi-dev" >&2
-    echo "(or use environment.yml with conda, which brings openmpi), then make setup again." >&2
-    exit 1
-  fi
-fi
-# Chromium only serves tests/test_browser.py: without root it is skipped there, not fatal here.
-if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    say "installing Chromium from Debian packages (for the browser test)"
-    export DEBIAN_FRONTEND=noninteractive
-    [ "${apt_updated:-0}" = 1 ] || apt-get update -qq
-    apt-get install -y -qq chromium >/dev/null
-  else
-    echo "Chromium is missing and this is not root; tests/test_browser.py will be skipped. Run:" >&2
-    echo "    sudo apt-get update && sudo apt-get install -y chromium" >&2
-  fi
-fi
+# 1. System packages: the table in scripts/system_packages.sh (the venv module for $PYTHON, g++,
+#    Open MPI, Chromium), installed with apt-get as root, else the exact apt-get line and a stop.
+#    The venv module is needed only when the venv is still to be made.
+needs_venv=1
+if [ "${CONDA:-0}" = 1 ] || [ -x "$VENV/bin/python" ]; then needs_venv=0; fi
+PYTHON="$PYTHON" SETUP_NEEDS_VENV=$needs_venv bash scripts/system_packages.sh
 MPI_VERSION=$(mpirun --version 2>/dev/null | head -n1 | sed 's/[^0-9.]*\([0-9][0-9.]*\).*/\1/')
 say "MPI: $(mpirun --version 2>/dev/null | head -n1)"
 
@@ -62,11 +42,12 @@ else
 fi
 PIP=("$PY" -m pip --disable-pip-version-check)
 stamp_dir=$("$PY" -c 'import sys; print(sys.prefix)')
-req_hash=$(cat requirements/base.txt requirements/build.txt | sha256sum | cut -c1-16)
+req_hash=$(cat requirements/base.txt requirements/build.txt requirements/no-deps.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp_dir/.chexnet-req-$req_hash" ]; then
   say "installing the pinned stack (requirements/base.txt)"
   "${PIP[@]}" install -q -r requirements/build.txt
   "${PIP[@]}" install -q -r requirements/base.txt
+  "${PIP[@]}" install -q --no-deps -r requirements/no-deps.txt  # see that file
   rm -f "$stamp_dir"/.chexnet-req-*
   touch "$stamp_dir/.chexnet-req-$req_hash"
 else
@@ -100,22 +81,68 @@ except Exception:
 print("yes" if ok else "no")
 PY
 )
+# The build runs with the pinned cmake (requirements/build.txt) from this environment's bin/,
+# never whatever cmake the machine has: pip runs the build with the caller's PATH, which may
+# lack bin/.
+BIN_DIR=$(dirname "$PY")
+explain_build_log() {   # name the system package behind a known build failure in log $1
+  if grep -q 'No CMAKE_CXX_COMPILER could be found' "$1"; then
+    echo "g++ (package g++) is missing: CMake finds no C++ compiler. Run: sudo apt-get install -y g++" >&2
+  fi
+  if grep -q 'Could NOT find MPI' "$1"; then
+    echo "MPI's development files (package libopenmpi-dev) are missing: CMake cannot find MPI." \
+         "Run: sudo apt-get install -y libopenmpi-dev" >&2
+  fi
+  if grep -q 'Python.h: No such file' "$1"; then
+    echo "Python's headers (package ${PYTHON##*/}-dev) are missing." \
+         "Run: sudo apt-get install -y ${PYTHON##*/}-dev" >&2
+  fi
+}
+# The toolchain a Horovod build needs (cmake, a C++ compiler, MPI), proven in a few seconds
+# whenever Horovod is installed, also from the cache: the cache only saves time, this machine
+# must still be able to rebuild (HOROVOD_REBUILD=1, another TensorFlow), and a missing
+# compiler is named here instead of minutes into a build.
+check_build_toolchain() {
+  local dir rc=0
+  [ -x "$BIN_DIR/cmake" ] || { echo "cmake from requirements/build.txt is missing in $BIN_DIR" >&2; exit 1; }
+  dir=$(mktemp -d)
+  printf '%s\n' 'cmake_minimum_required(VERSION 3.13)' 'project(horovod_toolchain CXX)' \
+    'find_package(MPI REQUIRED)' > "$dir/CMakeLists.txt"
+  PATH="$BIN_DIR:$PATH" "$BIN_DIR/cmake" -S "$dir" -B "$dir/build" >"$dir/cmake.log" 2>&1 || rc=$?
+  if [ "$rc" != 0 ]; then
+    tail -n 15 "$dir/cmake.log" >&2
+    explain_build_log "$dir/cmake.log"
+    echo "the toolchain for Horovod's build is incomplete (cmake output above)" >&2
+    rm -rf "$dir"; exit 1
+  fi
+  rm -rf "$dir"
+}
 # An installed Horovod is only reused if it was built against this TensorFlow.
 built_for=$(cat "$stamp_dir/.chexnet-horovod-built-for" 2>/dev/null || true)
 if [ "$have_hvd" = yes ] && [ "$built_for" = "$WHEEL_DIR" ] && [ "${HOROVOD_REBUILD:-0}" != 1 ]; then
   say "Horovod $HVD_VERSION already installed for TensorFlow $TF_VERSION"
 else
+  check_build_toolchain
+  say "build toolchain for Horovod: $("$BIN_DIR/cmake" --version | head -n1), C++ compiler and MPI found"
   if [ "${HOROVOD_REBUILD:-0}" = 1 ]; then rm -rf "$WHEEL_DIR"; fi
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
     say "building Horovod $HVD_VERSION against TensorFlow $TF_VERSION (about 3-5 minutes on 2 cores)"
     tb=$(date +%s)
-    mkdir -p "$WHEEL_DIR.tmp"
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-    MAKEFLAGS="-j$(nproc)" \
-      "${PIP[@]}" wheel -q --no-deps --no-build-isolation --no-cache-dir -w "$WHEEL_DIR.tmp" "$HVD_SPEC"
+    rm -rf "$WHEEL_DIR.tmp"; mkdir -p "$WHEEL_DIR.tmp"
+    build_log="$stamp_dir/horovod-build.log"
+    if ! PATH="$BIN_DIR:$PATH" HOROVOD_CMAKE="$BIN_DIR/cmake" \
+      HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+      HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+      MAKEFLAGS="-j$(nproc)" \
+      "${PIP[@]}" wheel --no-deps --no-build-isolation --no-cache-dir -w "$WHEEL_DIR.tmp" "$HVD_SPEC" \
+      >"$build_log" 2>&1; then
+      grep -v '^WARNING: Location' "$build_log" | tail -n 40 >&2
+      explain_build_log "$build_log"
+      echo "Horovod's build failed (last lines above; the whole output: $build_log)" >&2
+      exit 1
+    fi
     rm -rf "$WHEEL_DIR" && mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"
-    say "Horovod built in $(( $(date +%s) - tb )) s; wheel cached in $WHEEL_DIR"
+    say "Horovod built in $(( $(date +%s) - tb )) s; wheel cached in $WHEEL_DIR (build output: $build_log)"
   else
     say "using cached Horovod wheel from $WHEEL_DIR"
   fi
