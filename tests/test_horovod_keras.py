@@ -165,11 +165,16 @@ def test_validation_driven_learning_rate_stays_identical_on_every_rank(cluster, 
 
 # ---- the copyable scripts ------------------------------------------------------------------
 
-def test_minimal_script_under_horovodrun(tfr_dir, tmp_path):
-    cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2",
-           sys.executable, str(ROOT / "scripts" / "train_horovod_minimal.py"), "--epochs", "1",
-           "--tfrecords", str(tfr_dir), "--image-size", "32", "--batch-size", "8",
-           "--out", str(tmp_path / "run")]
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_minimal_script_runs_unchanged_under_a_launcher(tfr_dir, tmp_path, launcher):
+    argv = ["python", str(ROOT / "scripts" / "train_horovod_minimal.py"), "--epochs", "1",
+            "--tfrecords", str(tfr_dir), "--image-size", "32", "--batch-size", "8",
+            "--out", str(tmp_path / "run")]
+    if launcher == "mpirun":
+        cmd = mpirun_command(2, argv)
+    else:
+        cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2",
+               sys.executable, *argv[1:]]
     proc = subprocess.run(cmd, env=mpi_environment(2), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
