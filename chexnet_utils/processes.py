@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 LIFELINE_ENV = "CHEXNET_LIFELINE"
 """Environment variable carrying the tokens of the commands a process belongs to."""
@@ -75,6 +76,30 @@ def pid_alive(pid: int) -> bool:
 def alive(pids: Iterable[int]) -> list[int]:
     """The ``pids`` that are still running (zombies count as gone)."""
     return [p for p in pids if pid_alive(p)]
+
+
+def wait_gone(procs: Iterable[Any], timeout: float) -> list[Any]:
+    """Wait until the :class:`psutil.Process` objects in ``procs`` have exited; return those
+    still running after ``timeout`` seconds.
+
+    Unlike ``psutil.wait_procs``, an exited process that nobody has reaped yet (a zombie,
+    e.g. an orphan waiting for init) counts as gone at once.
+    """
+    import psutil
+
+    def running(p: Any) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    left = list(procs)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in left if running(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
 
 
 def descendants(pid: int) -> list[int]:
