@@ -349,7 +349,7 @@ class MPICluster:
 
         import psutil
 
-        from chexnet_utils.processes import wait_gone
+        from chexnet_utils.processes import pid_alive, wait_gone
 
         t0 = time.perf_counter()
         if self.cluster is not None:
@@ -372,31 +372,31 @@ class MPICluster:
                 procs.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 pass
-        # The engines and the controller have been told to stop and are gone within a
-        # moment; what lingers is mostly ipyparallel's engine nannies, which notice that
-        # their engine is gone only at their next poll (about 3 s) and hold nothing worth
-        # saving: kill them, ask whatever else is left to terminate, then wait, then kill.
-        # (Exited processes that init has not reaped yet count as gone: wait_gone.)
-        alive = wait_gone(procs, timeout=0.5)
-        for proc in alive:
-            try:
-                nanny = "ipyparallel.engine.nanny" in " ".join(proc.cmdline())
-                proc.kill() if nanny else proc.terminate()
-            except psutil.Error:
-                pass
-        alive = wait_gone(alive, timeout=self.stop_timeout)
+        # The engines and the controller have been told to stop and exit within a moment;
+        # what lingers is ipyparallel's engine nannies, which notice that their engine is
+        # gone only at their next poll (about 3 s) and hold nothing worth saving once it is:
+        # a nanny whose engine has exited is killed at once. Everything else gets the full
+        # stop_timeout, then SIGKILL. (Exited processes that init has not reaped yet count
+        # as gone: wait_gone.)
+        deadline = time.monotonic() + self.stop_timeout
+        alive = procs
+        while alive and time.monotonic() < deadline:
+            alive = wait_gone(alive, timeout=0.1)
+            for proc in alive:
+                try:
+                    parent = proc.ppid()  # an orphaned nanny was re-parented
+                    engine_running = parent in self.engine_pids and pid_alive(parent)
+                    if "ipyparallel.engine.nanny" in " ".join(proc.cmdline()) \
+                            and not engine_running:
+                        proc.kill()
+                except psutil.Error:
+                    pass
         for proc in alive:
             try:
                 proc.kill()
             except psutil.NoSuchProcess:
                 pass
         wait_gone(alive, timeout=5)
-        for proc in procs:  # reap our own children (the launchers) if they are zombies
-            try:
-                if proc.ppid() == os.getpid():
-                    proc.wait(timeout=0)
-            except (psutil.Error, ChildProcessError):
-                pass
         if self._profile_dir:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
         self.cluster = self.client = self.view = None

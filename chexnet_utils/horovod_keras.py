@@ -5,12 +5,12 @@ Measured with Horovod 0.28.1 on Keras 3 (TensorFlow backend), 2 ranks (tests/tes
 
 (a) **custom ``train_step`` with ``hvd.DistributedGradientTape``** (:class:`TapeModel`) works
     when the tape is asked for the gradients of the *backing* ``tf.Variable`` of each Keras 3
-    variable, ``[v.value for v in model.trainable_variables]``: Horovod names each allreduce
-    after ``var.name`` / ``var.ref()``, which Keras 3 variables do not have;
+    variable, ``[v.value for v in model.trainable_variables]``: Horovod keys the gradients
+    by ``tf.Variable.ref()``, which Keras 3 variables do not have;
 (b) **one allreduce per gradient** (:func:`per_tensor_average`, and (a), which does the same)
     lets communication overlap the backward pass: inside a ``tf.function`` each allreduce is
     its own op that TensorFlow starts as soon as *that* gradient exists, so the last layer's
-    gradients are on the wire while earlier layers are still being differentiated. One
+    gradients can be averaged while earlier layers are still being differentiated. One
     ``grouped_allreduce`` (:func:`grouped_average`) takes every gradient as input, so it
     starts only after the whole backward pass. A Horovod timeline shows the difference:
     :func:`enqueue_spread` measures how long after the first gradient the last one reached
@@ -22,7 +22,8 @@ Measured with Horovod 0.28.1 on Keras 3 (TensorFlow backend), 2 ranks (tests/tes
     own gradients and the copies drift apart (:func:`keras_optimizer_digests` proves it).
     The same script works on Keras 2 (``tf-keras`` with ``TF_USE_LEGACY_KERAS=1``);
 (d) the project's own ``train_step`` (:class:`chexnet_utils.models.ChexNet`) with a
-    ``gradient_reducer`` seam, filled with (b) by :func:`chexnet_utils.training.train`.
+    ``gradient_reducer`` seam: :func:`chexnet_utils.training.train` fills it with (b); the
+    alternative filling, one grouped allreduce, is the "(d)" row of notebook 04.
 
 Whatever the pattern, :class:`RankAgreement` compares a cheap digest of the trainable weights
 across ranks after the first steps and at every epoch end and raises :class:`RanksDiverged`
@@ -145,9 +146,10 @@ def weights_sha256(weights: Sequence[Any]) -> str:
 
 
 def digests_agree(digests: np.ndarray) -> list[int]:
-    """Ranks (rows of ``digests``) whose fingerprint differs from rank 0's; ``[]`` if none."""
+    """Ranks (rows of ``digests``) whose fingerprint differs from rank 0's; ``[]`` if none.
+    (NaN equals NaN here: weights that blew up identically everywhere are not a drift.)"""
     d = np.asarray(digests, dtype=np.float64)
-    return [r for r in range(1, d.shape[0]) if not np.array_equal(d[r], d[0])]
+    return [r for r in range(1, d.shape[0]) if not np.array_equal(d[r], d[0], equal_nan=True)]
 
 
 def check_ranks_agree(weights: Sequence[Any], where: str) -> None:
@@ -159,6 +161,11 @@ def check_ranks_agree(weights: Sequence[Any], where: str) -> None:
 
     mine = weights_digest(weights)
     gathered = hvd.allgather(tf.constant(mine[None, :]), name="chexnet_rank_digest").numpy()
+    if not np.isfinite(gathered).all():
+        raise FloatingPointError(
+            f"the weights are no longer finite (NaN or inf) {where}: training diverged "
+            "(a learning rate too high for this many workers? try lr_scaling='sqrt' and a "
+            "longer warm-up)")
     bad = digests_agree(gathered)
     if bad:
         raise RanksDiverged(
@@ -273,17 +280,29 @@ def enqueue_spread(events: Sequence[Any], n_tensors: int) -> list[float]:
     Horovod (start of ``NEGOTIATE_ALLREDUCE`` in a timeline from
     :func:`chexnet_utils.comm.parse_timeline`).
 
-    ``n_tensors`` is the number of gradients per step. With one allreduce per gradient the
-    spread is about the backward pass (communication of the first gradients overlaps it);
-    with one grouped allreduce it is zero (nothing is sent before the backward pass ends).
+    ``n_tensors`` is the number of gradients per step. Step ``k`` is the ``k``-th
+    negotiation of each gradient tensor (tensors seen a different number of times, such as
+    a barrier, are left out). With one allreduce per gradient the spread is about the
+    backward pass (the first gradients can be averaged while it runs); with one grouped
+    allreduce it is zero (nothing reaches Horovod before the backward pass ends).
     """
+    from collections import Counter
+
     if n_tensors < 1:
         raise ValueError(f"n_tensors must be >= 1, got {n_tensors}")
-    starts = sorted(e.start_us for e in events
-                    if e.phase.startswith("NEGOTIATE") and e.depth == 0)
-    steps = len(starts) // n_tensors
-    return [(starts[(s + 1) * n_tensors - 1] - starts[s * n_tensors]) / 1000.0
-            for s in range(steps)]
+    per_tensor: dict[str, list[float]] = {}
+    for e in events:
+        if e.phase.startswith("NEGOTIATE") and e.depth == 0:
+            per_tensor.setdefault(e.tensor, []).append(e.start_us)
+    if not per_tensor:
+        return []
+    steps, _ = Counter(len(v) for v in per_tensor.values()).most_common(1)[0]
+    grads = [sorted(v) for v in per_tensor.values() if len(v) == steps]
+    if len(grads) != n_tensors:
+        raise ValueError(f"expected {n_tensors} gradient tensors negotiated {steps} times each, "
+                         f"found {len(grads)}")
+    return [(max(g[k] for g in grads) - min(g[k] for g in grads)) / 1000.0
+            for k in range(steps)]
 
 
 def allreduce_enqueue_spread(mode: str, path: str, steps: int = 4, image_size: int = 64,

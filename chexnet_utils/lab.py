@@ -284,10 +284,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "jupyter", "lab", *lab_args(root), *args]
     print("+", " ".join(cmd), flush=True)
     with command_lifetime():
-        server = subprocess.Popen(cmd)
+        server = None
         try:
-            return server.wait()
+            server = subprocess.Popen(cmd)
+            rc = server.wait()
+            return 128 - rc if rc < 0 else rc  # killed by signal N: 128 + N, as a shell says
         except KeyboardInterrupt as e:  # Ctrl-C (the server got it too) or SIGTERM
+            if server is None:
+                return exit_status(e)
             server.send_signal(signal.SIGTERM)  # Jupyter stops its kernels, then itself
             try:
                 server.wait(8)

@@ -9,8 +9,10 @@ Three pieces, used by every command that starts processes (``python -m chexnet_u
   starts a small **watchdog** process that outlives the command by a few seconds: every
   process the command starts inherits a marker in its environment (``CHEXNET_LIFELINE``),
   and when the command ends, normally or by SIGKILL, the watchdog sends SIGTERM, then
-  SIGKILL, to whatever still carries the marker (MPI engines, Jupyter kernels, pool
-  workers), however deep in the process tree and whoever their parent is now.
+  SIGKILL, to whatever still carries the marker (MPI engines, Jupyter kernels, spawned pool
+  workers), however deep in the process tree and whoever their parent is now. (The marker
+  is read from ``/proc/PID/environ``, the environment a process was *exec*'d with: workers
+  forked without exec do not show it, and rely on the parent-death signal below.)
 - :func:`worker_init`, the initializer of the package's multiprocessing pools: SIGTERM back
   to its default action (a worker never ignores it) and a parent-death signal, so a worker
   dies with its parent even when it is blocked in C code.
@@ -36,6 +38,8 @@ from typing import Any
 LIFELINE_ENV = "CHEXNET_LIFELINE"
 """Environment variable carrying the tokens of the commands a process belongs to."""
 
+_TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
+                    if hasattr(signal, name))
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, what a shell reports for a SIGTERM'd command
 EXIT_SIGINT = 128 + signal.SIGINT    # 130
 
@@ -113,11 +117,13 @@ def descendants(pid: int) -> list[int]:
     return alive(k.pid for k in kids)
 
 
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+def set_parent_death_signal(sig: int = signal.SIGKILL, parent: int | None = None) -> bool:
     """Ask the kernel to send ``sig`` to this process when its parent dies (Linux).
 
-    Returns False where that is not available. If the parent is already gone (it died
-    between the fork and this call), the process exits at once.
+    Returns False where that is not available. With ``parent`` (the pid the parent had when
+    it started us), a process whose parent is already another one (the parent died between
+    the fork and this call) exits at once. (Not "parent is pid 1": the command itself may
+    be pid 1 in a container, and orphans may go to a subreaper.)
     """
     if not sys.platform.startswith("linux"):
         return False
@@ -129,15 +135,19 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    if os.getppid() == 1:  # orphaned before the request took effect
+    if parent is not None and os.getppid() != parent:  # orphaned before it took effect
         os._exit(EXIT_SIGTERM)
     return True
 
 
-def worker_init(*_: object) -> None:
-    """Initializer for worker processes: default SIGTERM, and die with the parent."""
+def worker_init(parent: int | None = None) -> None:
+    """Initializer for worker processes: default SIGTERM, and die with the parent.
+
+    Pass the parent's pid (``initargs=(os.getpid(),)``) so that a worker whose parent died
+    before this ran exits too.
+    """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    set_parent_death_signal(signal.SIGKILL)
+    set_parent_death_signal(signal.SIGKILL, parent)
 
 
 def lifeline_tokens(environ: dict[str, str] | None = None) -> list[str]:
@@ -149,7 +159,9 @@ def lifeline_tokens(environ: dict[str, str] | None = None) -> list[str]:
 def marked_processes(token: str, exclude: Iterable[int] = ()) -> list[int]:
     """Live processes whose environment carries ``token`` (those of this user only)."""
     skip = set(exclude)
-    found = []
+    found: list[int] = []
+    if not os.path.isdir("/proc"):
+        return found
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in skip:
             continue
@@ -161,10 +173,21 @@ def marked_processes(token: str, exclude: Iterable[int] = ()) -> list[int]:
         for entry in env.split(b"\0"):
             if entry.startswith(LIFELINE_ENV.encode() + b"="):
                 tokens = entry.split(b"=", 1)[1].decode(errors="replace").split(",")
-                if token in tokens and pid_alive(int(name)):
+                if token in tokens and pid_alive(int(name)) and not _resource_tracker(name):
                     found.append(int(name))
                 break
     return found
+
+
+def _resource_tracker(pid: str) -> bool:
+    """multiprocessing's resource tracker ignores SIGTERM by design and exits by itself, after
+    unlinking what the workers leaked, once every process holding its pipe is gone: it is
+    left to do that rather than killed."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"multiprocessing.resource_tracker" in f.read()
+    except OSError:
+        return False
 
 
 def stop_marked(token: str, exclude: Iterable[int] = (), grace: float = 3.0,
@@ -243,10 +266,19 @@ class _Lifetime:
 
 
 _received: list[int] = []
+_depth = [0]  # command_lifetime blocks active in this process
+
+
+def _note_only(signum: int, frame: object) -> None:
+    _received.append(signum)
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
     _received.append(signum)
+    # A second signal while the command cleans up is noted, not raised: the cleanup the
+    # first one started runs to its end.
+    for sig in _TERMINATING:
+        signal.signal(sig, _note_only)
     raise Terminated(signum)
 
 
@@ -261,7 +293,7 @@ def check_terminated() -> None:
     For loops over long steps whose library turns the exception into a result (nbclient
     reports it as a failed cell): call it between steps so the command still stops.
     """
-    if _received:
+    if _received and _depth[0] > 0:
         raise Terminated(_received[-1])
 
 
@@ -278,7 +310,7 @@ def command_lifetime(watchdog: bool = True) -> Iterator[_Lifetime]:
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
     old_env = os.environ.get(LIFELINE_ENV)
     proc = None
-    if watchdog:  # started before the token is set: it does not carry it
+    if watchdog and os.path.isdir("/proc"):  # started before the token: it does not carry it
         proc = subprocess.Popen(
             [sys.executable, "-m", "chexnet_utils.processes", str(os.getpid()), token],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
@@ -286,9 +318,11 @@ def command_lifetime(watchdog: bool = True) -> Iterator[_Lifetime]:
     handlers: dict[int, object] = {}
     import threading
 
+    outer_received = list(_received)
     _received.clear()
+    _depth[0] += 1
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in _TERMINATING:
             handlers[sig] = signal.signal(sig, _raise_terminated)
     try:
         yield _Lifetime(token, proc)
@@ -299,7 +333,8 @@ def command_lifetime(watchdog: bool = True) -> Iterator[_Lifetime]:
             os.environ.pop(LIFELINE_ENV, None)
         else:
             os.environ[LIFELINE_ENV] = old_env
-        _stop_resource_tracker()
+        _depth[0] -= 1
+        _received[:] = outer_received
         if proc is not None:
             with contextlib.suppress(OSError):
                 proc.stdin.write(b"done\n")  # type: ignore[union-attr]
@@ -309,20 +344,6 @@ def command_lifetime(watchdog: bool = True) -> Iterator[_Lifetime]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def _stop_resource_tracker() -> None:
-    """Let multiprocessing's resource tracker (spawn pools start one) exit now.
-
-    It ignores SIGTERM by design and leaves only when every process holding its pipe is
-    gone; stopping it here, once the workers are, lets it unlink what they leaked.
-    """
-    rt = sys.modules.get("multiprocessing.resource_tracker")
-    tracker = getattr(rt, "_resource_tracker", None)
-    if tracker is None or getattr(tracker, "_pid", None) is None:
-        return
-    with contextlib.suppress(Exception):
-        tracker._stop()
 
 
 def interruption(exc: KeyboardInterrupt) -> str:

@@ -1105,7 +1105,7 @@ def generate_dataset(
         else:
             chunk = max(1, min(32, len(tasks) // (workers * 8)))
             with multiprocessing.get_context(mp_context).Pool(
-                    workers, initializer=worker_init) as pool:
+                    workers, initializer=worker_init, initargs=(os.getpid(),)) as pool:
                 for _ in pool.imap_unordered(_render_task, tasks, chunksize=chunk):
                     bar.update(1)
     finally:

@@ -669,9 +669,9 @@ def _scan_chunk(args: tuple[list[str | None], bool]) -> list[dict[str, Any]]:
 _PROGRESS: Any = None  # multiprocessing queue in worker processes, set by _init_worker
 
 
-def _init_worker(queue: Any) -> None:
+def _init_worker(queue: Any, parent: int | None = None) -> None:
     global _PROGRESS
-    worker_init()  # default SIGTERM, and die with the parent (chexnet_utils.processes)
+    worker_init(parent)  # default SIGTERM, and die with the parent (chexnet_utils.processes)
     _PROGRESS = queue
 
 
@@ -1122,7 +1122,7 @@ def convert_dataset(
             ctx = mp.get_context("spawn")  # no fork of a parent that may hold TF threads
             queue = ctx.Queue()
             executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                           initializer=_init_worker, initargs=(queue,))
+                                           initializer=_init_worker, initargs=(queue, os.getpid()))
 
         # ---- 1. scan: sizes for planning; with on_error="skip" a full validation --------
         step = 16 if full else 256

@@ -55,7 +55,10 @@ def execute_notebook(path: Path, out_dir: Path, timeout: int = 3600) -> Notebook
             note_termination(signal.SIGTERM)
             asyncio.ensure_future(client._async_cleanup_kernel())
 
-        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        try:
+            loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        except (NotImplementedError, RuntimeError):  # Windows; not the main thread
+            pass
 
     client.on_notebook_start = keep_termination
     our_handler = signal.getsignal(signal.SIGTERM)

@@ -2,7 +2,8 @@
 
     horovodrun -np 2 python scripts/train_horovod_minimal.py --epochs 1
     mpirun -np 2 python scripts/train_horovod_minimal.py --epochs 1
-The six changes to a one-worker Keras script are marked CHANGE 1..6 (Horovod's docs' order).
+The six changes to a one-worker Keras script are marked CHANGE 1..6, numbered in the order
+of Horovod's docs (4 comes first in the file: it lives in the model's train_step).
 """
 import argparse
 import hashlib
@@ -32,10 +33,12 @@ args = p.parse_args()
 
 hvd.init()                                                           # CHANGE 1: start Horovod
 gpus = tf.config.list_physical_devices("GPU")                        # CHANGE 2: one GPU each
-for gpu in gpus:
-    tf.config.experimental.set_memory_growth(gpu, True)
 if gpus:
-    tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    try:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
+    except RuntimeError:  # TensorFlow already started here (e.g. a notebook's engine): pinned
+        pass
 
 if args.tfrecords is None:  # rank 0 converts the data once; the broadcast is the barrier
     from chexnet_utils.data import prepare_tfrecords

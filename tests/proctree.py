@@ -21,7 +21,7 @@ from typing import TypeVar
 import psutil
 import pytest
 
-from chexnet_utils.processes import LIFELINE_ENV, marked_processes
+from chexnet_utils.processes import LIFELINE_ENV, lifeline_tokens, marked_processes
 
 T = TypeVar("T")
 
@@ -114,10 +114,12 @@ class ProcessTree:
             kids = psutil.Process(self.root).children(recursive=True)
         except psutil.NoSuchProcess:
             kids = []
+        ours = set(lifeline_tokens())  # a command this test runs inside of, if any
         for p in kids:
             self.procs.setdefault(p.pid, p)
             try:
-                self.tokens.update(t for t in p.environ().get(LIFELINE_ENV, "").split(",") if t)
+                self.tokens.update(t for t in p.environ().get(LIFELINE_ENV, "").split(",")
+                                   if t and t not in ours)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 pass
         return self

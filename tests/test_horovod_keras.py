@@ -80,13 +80,22 @@ def test_digests_agree_names_the_ranks_that_differ():
 def test_enqueue_spread_per_step():
     from chexnet_utils.comm import TimelineEvent
 
-    def neg(t_ms):
-        return TimelineEvent("g", "NEGOTIATE_ALLREDUCE", t_ms * 1000.0, 10.0)
+    def neg(name, t_ms):
+        return TimelineEvent(name, "NEGOTIATE_ALLREDUCE", t_ms * 1000.0, 10.0)
 
-    events = [neg(t) for t in (0, 4, 10, 100, 100.5, 101)]  # 2 steps of 3 tensors
+    # 2 steps of 3 gradients, and a barrier seen once (left out)
+    events = [neg("barrier", 50), neg("c", 10), neg("a", 0), neg("b", 4),
+              neg("a", 100), neg("b", 100.5), neg("c", 101)]
     assert HK.enqueue_spread(events, 3) == pytest.approx([10.0, 1.0])
+    with pytest.raises(ValueError, match="expected 4"):
+        HK.enqueue_spread(events, 4)
     with pytest.raises(ValueError):
         HK.enqueue_spread(events, 0)
+
+
+def test_nan_weights_everywhere_are_not_a_drift():
+    a = HK.weights_digest([np.array([np.nan, 1.0])])
+    assert HK.digests_agree(np.stack([a, a])) == []
 
 
 def test_learning_rate_scaling_rules():

@@ -104,6 +104,32 @@ def test_sigterm_inside_lifetime_raises_terminated_and_handler_is_restored():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_second_sigterm_during_cleanup_is_noted_and_nothing_leaks_out():
+    cleaned = False
+    with P.command_lifetime(watchdog=False):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+        except P.Terminated:
+            os.kill(os.getpid(), signal.SIGTERM)  # a supervisor's second signal
+            for _ in range(1000):
+                pass
+            cleaned = True  # the cleanup was not cut short
+        with pytest.raises(P.Terminated):  # a library swallowed it: the command still stops
+            P.check_terminated()
+    assert cleaned
+    P.check_terminated()  # outside a command: nothing to re-raise
+
+
+def test_worker_whose_parent_is_already_gone_exits():
+    code = "from chexnet_utils.processes import worker_init; worker_init(parent=1); print('ran')"
+    if os.getppid() == 1:
+        pytest.skip("this test process is itself a child of pid 1")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 143 and "ran" not in proc.stdout
+
+
 def test_worker_init_restores_sigterm_and_sets_parent_death_signal():
     code = ("import signal, sys\n"
             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
