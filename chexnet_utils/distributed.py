@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -106,6 +107,19 @@ def mpirun_command(
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable
     return cmd + argv
+
+
+def launcher_command(launcher: str, n_procs: int, argv: Sequence[str]) -> list[str]:
+    """The command that runs ``argv`` on ``n_procs`` processes of this machine under
+    ``"mpirun"`` (:func:`mpirun_command`) or ``"horovodrun"`` (this environment's, with
+    ``-H localhost:N``); ``argv`` starting with ``python`` runs this interpreter."""
+    if launcher == "mpirun":
+        return mpirun_command(n_procs, argv)
+    if launcher != "horovodrun":
+        raise ValueError(f"launcher must be 'mpirun' or 'horovodrun', got {launcher!r}")
+    args = [sys.executable, *argv[1:]] if argv and argv[0] == "python" else list(argv)
+    return [str(Path(sys.executable).parent / "horovodrun"), "-np", str(n_procs), "-H",
+            f"localhost:{n_procs}", *args]
 
 
 def rank_info() -> dict[str, object]:

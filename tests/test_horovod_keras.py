@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from chexnet_utils import horovod_keras as HK
-from chexnet_utils.distributed import MPICluster, mpi_environment, mpirun_command
+from chexnet_utils.distributed import (MPICluster, launcher_command, mpi_environment,
+                                       mpirun_command)
 
 pytestmark = pytest.mark.mpi
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -47,12 +48,8 @@ def test_minimal_script_runs_unchanged_under_a_launcher(tfr_dir, tmp_path, launc
     argv = ["python", str(ROOT / "scripts" / "train_horovod_minimal.py"), "--epochs", "1",
             "--tfrecords", str(tfr_dir), "--image-size", "32", "--batch-size", "8",
             "--out", str(tmp_path / "run")]
-    if launcher == "mpirun":
-        cmd = mpirun_command(2, argv)
-    else:
-        cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2",
-               sys.executable, *argv[1:]]
-    proc = subprocess.run(cmd, env=mpi_environment(2), capture_output=True, text=True,
+    proc = subprocess.run(launcher_command(launcher, 2, argv), env=mpi_environment(2),
+                          capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("ranks identical: True") == 1, proc.stdout[-2000:]

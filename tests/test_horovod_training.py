@@ -162,18 +162,14 @@ def test_bench_scaling_rejects_bad_arguments(tfr_dir):
 def test_train_cli_runs_unchanged_under_a_launcher(tfr_dir, tmp_path, launcher):
     import subprocess
 
-    from chexnet_utils.distributed import mpi_environment, mpirun_command
+    from chexnet_utils.distributed import launcher_command, mpi_environment
 
     out = tmp_path / "run"
     argv = ["python", "-m", "chexnet_utils", "train", "--horovod", "--tfrecords", str(tfr_dir),
             "--arch", "small", "--image-size", "32", "--batch-size", "8", "--epochs", "1",
             "--steps-per-epoch", "2", "--out", str(out), "--quiet"]
-    if launcher == "mpirun":
-        cmd = mpirun_command(2, argv)
-    else:
-        cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2",
-               sys.executable, *argv[1:]]
-    proc = subprocess.run(cmd, env=mpi_environment(2), capture_output=True, text=True,
+    proc = subprocess.run(launcher_command(launcher, 2, argv), env=mpi_environment(2),
+                          capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
