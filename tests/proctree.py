@@ -21,7 +21,7 @@ from typing import TypeVar
 import psutil
 import pytest
 
-from chexnet_utils.processes import LIFELINE_ENV, lifeline_tokens, marked_processes
+from chexnet_utils.processes import LIFELINE_ENV, lifeline_tokens, marked_processes, wait_gone
 
 T = TypeVar("T")
 
@@ -129,13 +129,7 @@ class ProcessTree:
 
     def survivors(self) -> list[str]:
         """Descriptions of the recorded or marked processes that still run."""
-        left = {}
-        for pid, p in self.procs.items():
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    left[pid] = p
-            except psutil.NoSuchProcess:
-                pass
+        left = {p.pid: p for p in wait_gone(self.procs.values(), timeout=0)}
         for token in self.tokens:
             for pid in marked_processes(token, exclude=(os.getpid(),)):
                 try:
