@@ -32,7 +32,7 @@ PACKAGES: tuple[str, ...] = (
 )
 """Distributions whose versions the report lists (``None`` when not installed)."""
 
-CAPABILITIES: tuple[str, ...] = ("tensorflow", "horovod", "mpi", "gloo", "nccl", "gpu")
+CAPABILITIES: tuple[str, ...] = ("tensorflow", "horovod", "mpi", "gloo", "nccl", "cuda", "gpu")
 
 
 def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
@@ -62,11 +62,11 @@ def mpi_version() -> str | None:
 def horovod_capabilities() -> dict[str, bool | str | None]:
     """Which controllers and collectives the installed Horovod was built with.
 
-    Keys: ``horovod`` (version or ``None``), ``mpi``, ``gloo``, ``nccl``, ``mpi_threads``.
+    Keys: ``horovod`` (version or ``None``), ``mpi``, ``gloo``, ``nccl``, ``cuda``.
     Uses ``horovod.tensorflow``'s ``*_built()`` functions, which need no ``hvd.init()``.
     """
     caps: dict[str, bool | str | None] = {"horovod": None, "mpi": False, "gloo": False,
-                                           "nccl": False}
+                                           "nccl": False, "cuda": False}
     try:
         hvd = importlib.import_module("horovod.tensorflow")
     except Exception as e:  # ImportError, or a broken build raising NotFoundError
@@ -76,6 +76,7 @@ def horovod_capabilities() -> dict[str, bool | str | None]:
     caps["mpi"] = bool(hvd.mpi_built())
     caps["gloo"] = bool(hvd.gloo_built())
     caps["nccl"] = bool(hvd.nccl_built())
+    caps["cuda"] = bool(hvd.cuda_built())
     return caps
 
 
@@ -125,6 +126,8 @@ def capability_status(report: Mapping[str, Any]) -> dict[str, bool]:
         "mpi": bool(hvd.get("mpi")) and bool(report.get("mpi")),
         "gloo": bool(hvd.get("gloo")),
         "nccl": bool(hvd.get("nccl")),
+        # both halves of a GPU build: TensorFlow compiled with CUDA, Horovod with CUDA
+        "cuda": bool(tf_facts.get("built_with_cuda")) and bool(hvd.get("cuda")),
         "gpu": bool(tf_facts.get("gpus")),
     }
 
@@ -145,8 +148,12 @@ def require_capabilities(report: Mapping[str, Any], required: Iterable[str]) -> 
                    "(apt-get install openmpi-bin libopenmpi-dev) and rebuild Horovod",
             "gloo": "Horovod was built without Gloo: rebuild with HOROVOD_WITH_GLOO=1 "
                     "(needs cmake)",
-            "nccl": "Horovod was built without NCCL: on a GPU node build with "
+            "nccl": "Horovod was built without NCCL: on a GPU node run make setup GPU=1 "
                     "HOROVOD_GPU_OPERATIONS=NCCL",
+            "cuda": "not a CUDA build (TensorFlow built with CUDA: "
+                    f"{bool((report.get('tensorflow') or {}).get('built_with_cuda'))}, Horovod "
+                    f"built with CUDA: {bool((report.get('horovod_build') or {}).get('cuda'))}): "
+                    "make setup GPU=1",
             "gpu": "TensorFlow sees no GPU",
         }
         detail = "; ".join(f"{m}: {hints[m]}" for m in missing)

@@ -155,7 +155,8 @@ def check_gpu_capabilities(answer: str | Iterable[str] | None,
     """00, exercise 3: the capabilities to require on a GPU node besides ``already``.
 
     ``answer``: names from :data:`envcheck.CAPABILITIES` (a set, a list or ``"a,b"``).
-    ``nccl`` is needed (NVIDIA's collectives for the allreduce); ``gpu`` is welcome too.
+    ``nccl`` is needed (NVIDIA's collectives for the allreduce); ``cuda`` (a CUDA build of
+    TensorFlow and Horovod) and ``gpu`` (a GPU visible) are welcome too.
     """
     extra = [c for c in envcheck.CAPABILITIES if c not in already]
     if _missing(answer, f"choose among {extra}"):

@@ -2,13 +2,18 @@
 # make setup: everything the notebooks and tests need, from nothing, idempotently.
 #   1. the system packages it needs (scripts/system_packages.sh: venv module, g++, Open MPI,
 #      Chromium for the browser test), with apt-get as root, else it prints the apt-get line
-#   2. a virtual environment with the pinned stack (requirements/base.txt)
-#   3. Horovod built from source with MPI + Gloo against that TensorFlow, the wheel cached
-#      under $CHEXNET_CACHE keyed by Horovod, TensorFlow, Python and MPI versions
+#   2. a virtual environment with the pinned stack (requirements/base.txt) and TensorFlow:
+#      requirements/tf-cpu.txt, or requirements/gpu.txt on a GPU node (same version, with CUDA)
+#   3. Horovod built from its PyPI sdist, patched by patches/horovod-<version>/*.patch, with
+#      MPI + Gloo (+ NCCL and CUDA on a GPU node) against that TensorFlow, the wheel cached
+#      under $CHEXNET_CACHE keyed by Horovod, patches, TensorFlow, Python, MPI (and CUDA, NCCL)
 #   4. chexnet_utils (editable), a Jupyter kernel, ipyparallel's JupyterLab extension,
 #      and a loud capability check
 # Environment: VENV (default .venv), PYTHON (interpreter to create it with), CONDA=1 to use
-# the active conda env instead of a venv, HOROVOD_REBUILD=1 to ignore the wheel cache.
+# the active conda env instead of a venv, HOROVOD_REBUILD=1 to ignore the wheel cache,
+# GPU=1 for the GPU build (tensorflow[and-cuda], Horovod with NCCL; the nvcc it compiles with
+# comes from scripts/cuda_toolchain.sh), GPU=0 for the CPU build, GPU=auto (default): the GPU
+# build when `nvidia-smi -L` lists a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -18,6 +23,19 @@ CACHE=${CHEXNET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chexnet-at-scale}
 KERNEL_NAME=${KERNEL_NAME:-chexnet-at-scale}
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 t0=$(date +%s)
+GPU=${GPU:-auto}
+if [ "$GPU" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    GPU=1; say "nvidia-smi -L lists GPUs: GPU build (GPU=0 for the CPU build)"
+  else
+    GPU=0
+  fi
+fi
+case "$GPU" in
+  0) TF_REQ=requirements/tf-cpu.txt ;;
+  1) TF_REQ=requirements/gpu.txt ;;
+  *) echo "GPU must be 0, 1 or auto, not '$GPU'" >&2; exit 2 ;;
+esac
 
 # 1. System packages: the table in scripts/system_packages.sh (the venv module for $PYTHON, g++,
 #    Open MPI, Chromium), installed with apt-get as root, else the exact apt-get line and a stop.
@@ -42,11 +60,20 @@ else
 fi
 PIP=("$PY" -m pip --disable-pip-version-check)
 stamp_dir=$("$PY" -c 'import sys; print(sys.prefix)')
-req_hash=$(cat requirements/base.txt requirements/build.txt requirements/no-deps.txt | sha256sum | cut -c1-16)
+req_hash=$(cat requirements/base.txt requirements/build.txt requirements/no-deps.txt "$TF_REQ" |
+  sha256sum | cut -c1-16)
 if [ ! -f "$stamp_dir/.chexnet-req-$req_hash" ]; then
-  say "installing the pinned stack (requirements/base.txt)"
+  say "installing the pinned stack (requirements/base.txt, $TF_REQ)"
   "${PIP[@]}" install -q -r requirements/build.txt
-  "${PIP[@]}" install -q -r requirements/base.txt
+  # tensorflow-cpu and tensorflow (the CUDA build) install the same files: the other flavour
+  # goes first, so switching GPU=0 <-> GPU=1 in one environment leaves no half of either.
+  other_tf=tensorflow; [ "$GPU" = 1 ] && other_tf=tensorflow-cpu
+  if "$PY" -m pip show -q "$other_tf" >/dev/null 2>&1; then
+    say "removing $other_tf (switching TensorFlow build)"
+    "${PIP[@]}" uninstall -q -y "$other_tf"
+    rm -f "$stamp_dir/.chexnet-horovod-built-for"
+  fi
+  "${PIP[@]}" install -q -r requirements/base.txt -r "$TF_REQ"
   "${PIP[@]}" install -q --no-deps -r requirements/no-deps.txt  # see that file
   rm -f "$stamp_dir"/.chexnet-req-*
   touch "$stamp_dir/.chexnet-req-$req_hash"
@@ -69,13 +96,31 @@ else:
 PY
 )
 PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-WHEEL_DIR="$CACHE/wheels/horovod-$HVD_VERSION-tf$TF_VERSION-$PY_TAG-openmpi$MPI_VERSION"
-have_hvd=$("$PY" - "$HVD_VERSION" <<'PY' 2>/dev/null || true
+# Patches applied to Horovod's sdist (each file says why); their hash is part of the cache key,
+# so changing a patch rebuilds.
+PATCH_DIR="patches/horovod-$HVD_VERSION"
+PATCHES=()
+if [ -d "$PATCH_DIR" ]; then mapfile -t PATCHES < <(ls "$PATCH_DIR"/*.patch 2>/dev/null | sort); fi
+PATCH_HASH=$(cat /dev/null "${PATCHES[@]}" | sha256sum | cut -c1-8)
+WHEEL_KEY="horovod-$HVD_VERSION-p$PATCH_HASH-tf$TF_VERSION-$PY_TAG-openmpi$MPI_VERSION"
+if [ "$GPU" = 1 ]; then
+  # Which nvcc, CUDA headers and NCCL the GPU build uses (the node's toolkit when its CUDA major
+  # matches TensorFlow's, else the route proven on PyPI wheels); exports HOROVOD_* for the build.
+  toolchain=$(bash scripts/cuda_toolchain.sh --python "$PY") || {
+    echo "no CUDA toolchain for Horovod's GPU build (reason above)" >&2; exit 1; }
+  eval "$toolchain"
+  say "CUDA route: $CHEXNET_CUDA_ROUTE"
+  WHEEL_KEY="$WHEEL_KEY-cuda$CHEXNET_CUDA_VERSION-nccl$CHEXNET_NCCL_VERSION"
+fi
+WHEEL_DIR="$CACHE/wheels/$WHEEL_KEY"
+have_hvd=$("$PY" - "$HVD_VERSION" "$GPU" <<'PY' 2>/dev/null || true
 import sys, importlib.metadata as m
 try:
     ok = m.version("horovod") == sys.argv[1]
     import horovod.tensorflow as hvd
     ok = ok and hvd.mpi_built() and hvd.gloo_built()
+    if sys.argv[2] == "1":
+        ok = ok and hvd.nccl_built() and hvd.cuda_built()
 except Exception:
     ok = False
 print("yes" if ok else "no")
@@ -117,6 +162,25 @@ check_build_toolchain() {
   fi
   rm -rf "$dir"
 }
+# Horovod's sdist from the package index (pip download: no other source of code), unpacked in
+# $1 and patched with every patches/horovod-<version>/*.patch in name order.
+fetch_patched_sdist() {
+  local dest=$1 sdist_dir="$CACHE/sdist" tarball p
+  tarball="$sdist_dir/horovod-$HVD_VERSION.tar.gz"
+  if [ ! -f "$tarball" ]; then
+    mkdir -p "$sdist_dir"
+    "${PIP[@]}" download -q --no-deps --no-binary :all: -d "$sdist_dir" "$HVD_SPEC" ||
+      { echo "could not download Horovod's source ($HVD_SPEC) from the package index" >&2; exit 1; }
+  fi
+  tar -xzf "$tarball" -C "$dest"
+  for p in "${PATCHES[@]}"; do
+    # GIT_CEILING_DIRECTORIES: git apply acts on the folder itself, never on an enclosing repo
+    if ! (cd "$dest/horovod-$HVD_VERSION" && GIT_CEILING_DIRECTORIES="$dest" git apply -p1 "$ROOT/$p"); then
+      echo "patch $p does not apply to Horovod $HVD_VERSION's sdist" >&2; exit 1
+    fi
+    say "applied $p"
+  done
+}
 # An installed Horovod is only reused if it was built against this TensorFlow.
 built_for=$(cat "$stamp_dir/.chexnet-horovod-built-for" 2>/dev/null || true)
 if [ "$have_hvd" = yes ] && [ "$built_for" = "$WHEEL_DIR" ] && [ "${HOROVOD_REBUILD:-0}" != 1 ]; then
@@ -130,18 +194,22 @@ else
     tb=$(date +%s)
     rm -rf "$WHEEL_DIR.tmp"; mkdir -p "$WHEEL_DIR.tmp"
     build_log="$stamp_dir/horovod-build.log"
+    src_root=$(mktemp -d)
+    trap 'rm -rf "$src_root"' EXIT
+    fetch_patched_sdist "$src_root"
     if ! PATH="$BIN_DIR:$PATH" HOROVOD_CMAKE="$BIN_DIR/cmake" \
       HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
       HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
       MAKEFLAGS="-j$(nproc)" \
-      "${PIP[@]}" wheel --no-deps --no-build-isolation --no-cache-dir -w "$WHEEL_DIR.tmp" "$HVD_SPEC" \
-      >"$build_log" 2>&1; then
+      "${PIP[@]}" wheel --no-deps --no-build-isolation --no-cache-dir -w "$WHEEL_DIR.tmp" \
+      "$src_root/horovod-$HVD_VERSION" >"$build_log" 2>&1; then
       grep -v '^WARNING: Location' "$build_log" | tail -n 40 >&2
       explain_build_log "$build_log"
       echo "Horovod's build failed (last lines above; the whole output: $build_log)" >&2
       exit 1
     fi
-    rm -rf "$WHEEL_DIR" && mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"
+    rm -rf "$WHEEL_DIR" "$src_root" && mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"
+    trap - EXIT
     say "Horovod built in $(( $(date +%s) - tb )) s; wheel cached in $WHEEL_DIR (build output: $build_log)"
   else
     say "using cached Horovod wheel from $WHEEL_DIR"
@@ -175,5 +243,10 @@ if ! ipp_enabled; then
   ipp_enabled || { echo "ipyparallel's JupyterLab extension is not enabled (jupyter labextension list)" >&2; exit 1; }
 fi
 say "ipyparallel JupyterLab extension enabled"
-"$PY" -m chexnet_utils envcheck --require tensorflow,horovod,mpi,gloo
+if [ "$GPU" = 1 ]; then
+  # a GPU build is proven by what it was built with, not by a GPU being present (gpu-build-check)
+  "$PY" -m chexnet_utils envcheck --require tensorflow,horovod,mpi,gloo,cuda,nccl
+else
+  "$PY" -m chexnet_utils envcheck --require tensorflow,horovod,mpi,gloo
+fi
 say "setup finished in $(( $(date +%s) - t0 )) s"

@@ -6,6 +6,7 @@
 #   its venv module with ensurepip      $PYTHON -c 'import ensurepip, venv; ...'   $PYTHON-venv
 #     (only when a venv is to be created: SETUP_NEEDS_VENV=1, the default)
 #   a C++ compiler (Horovod's build)    command -v g++                             g++
+#   git (applies patches/ to Horovod)   command -v git                             git
 #   the MPI launcher                    command -v mpirun                          openmpi-bin
 #   MPI's compiler wrapper and headers  command -v mpicc                           libopenmpi-dev
 #   Chromium (browser test; optional)   $CHEXNET_CHROMIUM or command -v chromium   chromium (Debian;
@@ -75,6 +76,7 @@ if [ "${SETUP_NEEDS_VENV:-1}" = 1 ]; then
     "${py_pkg:+$py_pkg-venv}" required
 fi
 row "g++" "command -v g++" "have_cmd g++" g++ required
+row "git" "command -v git" "have_cmd git" git required
 row "mpirun" "command -v mpirun" "have_cmd mpirun" openmpi-bin required
 row "mpicc" "command -v mpicc" "have_cmd mpicc" libopenmpi-dev required
 if [ "$family" = debian ]; then chromium_pkg=chromium; else chromium_pkg=""; fi

@@ -63,7 +63,9 @@ def test_gpu_capabilities(capsys):
     assert verdict(capsys, exercises.check_gpu_capabilities("nccl"))
     assert verdict(capsys, exercises.check_gpu_capabilities("mpi, NCCL"))
     assert not verdict(capsys, exercises.check_gpu_capabilities({"gpu"}))
-    assert not verdict(capsys, exercises.check_gpu_capabilities({"nccl", "cuda"}))
+    assert verdict(capsys, exercises.check_gpu_capabilities({"nccl", "cuda"}))
+    assert not verdict(capsys, exercises.check_gpu_capabilities({"cuda"}))
+    assert not verdict(capsys, exercises.check_gpu_capabilities({"nccl", "tpu"}))
 
 
 # --- 01 ------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The setup scripts (issue 17): syntax, and the system-package table without installing anything.
 
 ``scripts/system_packages.sh`` is run with a PATH that holds only a temporary folder of fake
-tools (``g++``, ``mpirun``, ``mpicc``, ``chromium``, ``python3.11``, ``id``, ``apt-get``), so each
+tools (``g++``, ``git``, ``mpirun``, ``mpicc``, ``chromium``, ``python3.11``, ``id``, ``apt-get``), so each
 case decides exactly what is "installed", whether this is root, and what ``apt-get`` does; the
 fake ``apt-get`` only records its arguments. Nothing here needs root, apt or a network.
 """
@@ -21,7 +21,7 @@ SCRIPTS = ROOT / "scripts"
 SYSTEM_PACKAGES = SCRIPTS / "system_packages.sh"
 BASH = "/bin/bash"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-ALL_TOOLS = ("python3.11", "g++", "mpirun", "mpicc", "chromium")
+ALL_TOOLS = ("python3.11", "g++", "git", "mpirun", "mpicc", "chromium")
 DEBIAN = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n'
 UBUNTU = 'PRETTY_NAME="Ubuntu 24.04.1 LTS"\nID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n'
 
@@ -85,7 +85,7 @@ def test_everything_present_asks_for_nothing(fake):
 
 
 def test_missing_compiler_named_with_exact_apt_line(fake):
-    fake.make(tools=("python3.11", "mpirun", "mpicc", "chromium"))
+    fake.make(tools=("python3.11", "git", "mpirun", "mpicc", "chromium"))
     code, out = fake.run("--check-only")
     assert code == 1
     assert "g++ (package g++) is missing" in out
@@ -97,9 +97,17 @@ def test_everything_missing_lists_every_package_in_one_line(fake):
     fake.make(tools=("python3.11",), venv_ok=False)
     code, out = fake.run("--check-only")
     assert code == 1
-    line = "sudo apt-get install -y python3.11-venv g++ openmpi-bin libopenmpi-dev chromium"
+    line = "sudo apt-get install -y python3.11-venv g++ git openmpi-bin libopenmpi-dev chromium"
     assert line in out
     assert "the venv module of python3.11 (package python3.11-venv) is missing" in out
+
+
+def test_missing_git_is_named_because_the_horovod_patches_need_it(fake):
+    fake.make(tools=tuple(t for t in ALL_TOOLS if t != "git"))
+    code, out = fake.run("--check-only")
+    assert code == 1
+    assert "git (package git) is missing" in out
+    assert "sudo apt-get update && sudo apt-get install -y git\n" in out
 
 
 def test_venv_module_only_needed_when_a_venv_is_made(fake):
@@ -111,7 +119,7 @@ def test_venv_module_only_needed_when_a_venv_is_made(fake):
 
 
 def test_only_chromium_missing_is_not_fatal(fake):
-    fake.make(tools=("python3.11", "g++", "mpirun", "mpicc"))
+    fake.make(tools=("python3.11", "g++", "git", "mpirun", "mpicc"))
     code, out = fake.run("--check-only")
     assert code == 0
     assert "Chromium (package chromium) is missing" in out
@@ -119,7 +127,7 @@ def test_only_chromium_missing_is_not_fatal(fake):
 
 
 def test_ubuntu_chromium_is_a_snap_shim_so_no_apt_line(fake):
-    fake.make(tools=("python3.11", "g++", "mpirun", "mpicc"), os_release=UBUNTU)
+    fake.make(tools=("python3.11", "g++", "git", "mpirun", "mpicc"), os_release=UBUNTU)
     code, out = fake.run()           # root, install mode: still no apt call for a snap shim
     assert code == 0
     assert "snap" in out and "apt-get install" not in out
@@ -127,7 +135,7 @@ def test_ubuntu_chromium_is_a_snap_shim_so_no_apt_line(fake):
 
 
 def test_not_debian_or_ubuntu_gives_no_apt_line(fake):
-    fake.make(tools=("python3.11", "mpirun", "mpicc", "chromium"), os_release="ID=fedora\n")
+    fake.make(tools=("python3.11", "git", "mpirun", "mpicc", "chromium"), os_release="ID=fedora\n")
     code, out = fake.run()
     assert code == 1
     assert "g++ (package g++) is missing" in out and "not Debian or Ubuntu" in out
@@ -138,13 +146,13 @@ def test_not_root_prints_the_line_and_installs_nothing(fake):
     fake.make(tools=("python3.11", "chromium"), uid=1000)
     code, out = fake.run()
     assert code == 1
-    assert "sudo apt-get update && sudo apt-get install -y g++ openmpi-bin libopenmpi-dev" in out
+    assert "sudo apt-get update && sudo apt-get install -y g++ git openmpi-bin libopenmpi-dev" in out
     assert "this is not root" in out
     assert fake.apt_calls() == []
 
 
 def test_root_installs_with_one_update_then_checks_again(fake):
-    fake.make(tools=("python3.11", "mpirun", "mpicc", "chromium"), apt_installs=("g++",))
+    fake.make(tools=("python3.11", "git", "mpirun", "mpicc", "chromium"), apt_installs=("g++",))
     code, out = fake.run()
     assert code == 0, out
     assert fake.apt_calls() == ["update -qq", "install -y -qq g++"]
@@ -156,7 +164,8 @@ def test_root_names_what_apt_did_not_bring(fake):
     fake.make(tools=("python3.11", "chromium"), apt_installs=("mpirun", "mpicc"))
     code, out = fake.run()
     assert code == 1
-    assert fake.apt_calls() == ["update -qq", "install -y -qq g++ openmpi-bin libopenmpi-dev"]
+    assert fake.apt_calls() == [
+        "update -qq", "install -y -qq g++ git openmpi-bin libopenmpi-dev"]
     assert "g++ (package g++) is missing: `command -v g++` fails after apt-get install" in out
     assert "mpirun (package openmpi-bin) is missing" not in out
 
