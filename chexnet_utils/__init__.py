@@ -11,7 +11,11 @@ Notebooks narrate; this package implements. Modules, one concern each:
 - input: :mod:`~chexnet_utils.pipelines` (the old and the new ``tf.data`` pipeline);
 - model and training: :mod:`~chexnet_utils.models`, :mod:`~chexnet_utils.training`,
   :mod:`~chexnet_utils.explain` (Grad-CAM);
-- many workers: :mod:`~chexnet_utils.devices` (one process per GPU),
+- many workers: :mod:`~chexnet_utils.devices` (visible GPUs, workers per node, one process
+  per GPU), :mod:`~chexnet_utils.accelerator` (mixed precision and XLA switches),
+  :mod:`~chexnet_utils.gpu_monitor` (GPU utilisation sampled with NVML),
+  :mod:`~chexnet_utils.gpu_topology` (``nvidia-smi topo -m`` -> binding to the GPU's socket),
+  :mod:`~chexnet_utils.gpu_node` (``bench gpu-node``: images/s on 1..N GPUs),
   :mod:`~chexnet_utils.distributed` (MPI, ipyparallel MPI engines),
   :mod:`~chexnet_utils.horovod_keras` (averaging gradients on Keras 3, the pitfall, the
   rank-agreement check),

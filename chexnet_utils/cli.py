@@ -12,7 +12,9 @@ Commands
 ``verify``     check converted TFRecords against their manifest (and the source data);
                exit 1 when anything does not match
 ``bench``      measurements: ``bench pipelines`` times the old vs the new tf.data input
-               pipeline on converted TFRecords and writes the numbers as JSON
+               pipeline on converted TFRecords and writes the numbers as JSON;
+               ``bench gpu-node`` trains CheXNet on 1..N GPUs (images/s, speed-up,
+               efficiency beside published reference points; exit 3 without a GPU)
 ``train``      train CheXNet (or the small CPU model) on converted TFRecords; writes
                checkpoints, logs and metrics.json, prints the test mean AUROC
 """
@@ -198,6 +200,34 @@ def _cmd_bench_scaling(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_gpu_node(args: argparse.Namespace) -> int:
+    from chexnet_utils import config, devices
+    from chexnet_utils.accelerator import parse_switch
+    from chexnet_utils.gpu_node import bench_gpu_node, format_gpu_node, no_gpu_message
+
+    visible = devices.visible_gpus()
+    plan = devices.worker_plan(max(1, len(visible)), gpus=len(visible))
+    if plan.device != "GPU":
+        print(no_gpu_message(), file=sys.stderr)
+        return 3
+    tfr = args.tfrecords
+    if tfr is None:
+        from chexnet_utils.data import prepare_tfrecords
+
+        tfr = prepare_tfrecords(image_size=None, progress=False)
+    result = bench_gpu_node(
+        tfr, [int(k) for k in args.gpus.split(",")] if args.gpus else None, arch=args.arch,
+        image_size=args.image_size,
+        batch_size=args.batch_size or config.scale("gpu-node").batch_size, steps=args.steps,
+        warmup_steps=args.warmup, pipeline=args.pipeline,
+        mixed_precision=parse_switch(args.mixed_precision, "--mixed-precision"),
+        xla=parse_switch(args.xla, "--xla"), visible=visible,
+        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    print(format_gpu_node(result))
+    _write_json(args.json, result)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(prog="python -m chexnet_utils", description=__doc__,
@@ -275,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="store_true", help="also decode every stored image")
     p.set_defaults(handler=_cmd_verify)
 
-    p = sub.add_parser("bench", help="measurements: bench pipelines | conversion | scaling")
+    p = sub.add_parser("bench", help="measurements: bench pipelines | conversion | scaling | "
+                                     "gpu-node")
     bench = p.add_subparsers(dest="bench_command", required=True)
     b = bench.add_parser("pipelines", help="old vs new input pipeline on converted TFRecords")
     b.add_argument("--tfrecords", type=Path, required=True, help="converted folder")
@@ -329,6 +360,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="engine environment variable, repeatable (e.g. "
                         "OMPI_MCA_mpi_yield_when_idle=0 to let MPI spin)")
     b.set_defaults(handler=_cmd_bench_scaling)
+
+    b = bench.add_parser("gpu-node", help="CheXNet images/s, speed-up and efficiency on 1..N "
+                                          "GPUs beside published reference points (exit 3 "
+                                          "without a GPU)")
+    b.add_argument("--gpus", default=None, metavar="LIST",
+                   help="comma list of GPU counts, with 1 (default: 1,2,3,4,8 up to the "
+                        "visible GPUs, and their number)")
+    b.add_argument("--json", type=Path, default=None, help="write the results here")
+    b.add_argument("--tfrecords", type=Path, default=None,
+                   help="converted folder (default: full-size shards of the scale's data set)")
+    b.add_argument("--arch", default="densenet121", choices=("densenet121", "resnet50", "small"))
+    b.add_argument("--image-size", type=int, default=224, metavar="PX", help="default 224")
+    b.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help="per GPU (default: the gpu-node scale's)")
+    b.add_argument("--steps", type=int, default=50, help="timed steps per count (default 50)")
+    b.add_argument("--warmup", type=int, default=20, help="untimed steps first (default 20)")
+    b.add_argument("--pipeline", choices=("new", "old"), default="new")
+    b.add_argument("--mixed-precision", default="auto", choices=("auto", "on", "off"),
+                   help="mixed_float16 (auto: on with a GPU)")
+    b.add_argument("--xla", default="auto", choices=("auto", "on", "off"),
+                   help="jit_compile (auto: on only with HOROVOD_ENABLE_XLA_OPS=1 under "
+                        "Horovod; on sets it for the engines)")
+    b.set_defaults(handler=_cmd_bench_gpu_node)
 
     p = sub.add_parser("train", help="train CheXNet on converted TFRecords, write metrics.json")
     p.add_argument("--tfrecords", type=Path, required=True, help="converted folder")

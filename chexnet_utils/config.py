@@ -8,6 +8,11 @@
     GPU) or ``gpu-node`` (a node with several GPUs and the real data set).
 ``CHEXNET_WORK_DIR``
     Where derived files (TFRecords, checkpoints, logs, figures) go; default ``build/``.
+``CHEXNET_MIXED_PRECISION``, ``CHEXNET_XLA``
+    ``on`` / ``off`` / ``auto`` (default): mixed precision and XLA, on where the process has a
+    GPU (:mod:`chexnet_utils.accelerator`). On a GPU node the notebooks start one worker per
+    visible GPU (``CUDA_VISIBLE_DEVICES``), at most ``max_workers``
+    (:func:`chexnet_utils.devices.worker_plan`).
 """
 
 from __future__ import annotations

@@ -355,6 +355,40 @@ def grad_cam_overlay(image: np.ndarray, heatmaps: Mapping[str, np.ndarray], titl
     return fig
 
 
+def gpu_utilisation(runs: Mapping[str, Mapping], title: str = "GPU utilisation (NVML)"):  # noqa: ANN201
+    """GPU utilisation over time, one panel per pipeline (``old``, ``new``), one line per GPU.
+
+    ``runs`` is :func:`chexnet_utils.gpu_node.utilisation_old_vs_new`'s result: per pipeline
+    ``samples`` (dicts with ``t``, ``gpu``, ``util_percent``), optional ``window`` (the timed
+    steps, shaded) and ``summary`` (mean utilisation and idle share, in the panel title).
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 2.4 * len(runs)), sharex=True,
+                             squeeze=False)
+    for ax, (name, run) in zip(axes[:, 0], runs.items()):
+        samples = list(run["samples"])
+        for gpu in sorted({int(s["gpu"]) for s in samples}):
+            pts = sorted((s["t"], s["util_percent"]) for s in samples if int(s["gpu"]) == gpu)
+            ax.plot([t for t, _ in pts], [u for _, u in pts], drawstyle="steps-post",
+                    label=f"GPU {gpu}")
+        if run.get("window"):
+            ax.axvspan(*run["window"], color="tab:green", alpha=0.1, label="timed steps")
+        summary = run.get("summary") or {}
+        extra = (f": mean {summary['mean_util_percent']:.0f} %, "
+                 f"{summary['idle_share']:.0%} of readings below 10 %") if summary else ""
+        ax.set_title(f"{name} pipeline{extra}", fontsize=10)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("utilisation %")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    axes[-1, 0].set_xlabel("seconds since sampling started")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 __all__ = ["NIH_PREVALENCE", "label_distribution", "cooccurrence",
            "cooccurrence_matrix", "image_grid", "bars", "timelines", "scaling",
-           "grouped_bars", "learning_curves", "roc_curves", "grad_cam_overlay"]
+           "grouped_bars", "learning_curves", "roc_curves", "grad_cam_overlay",
+           "gpu_utilisation"]

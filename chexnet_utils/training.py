@@ -197,6 +197,12 @@ class TrainConfig:
     """TensorBoard profiler: ``0`` off, ``(first, last)`` traces those batches."""
     verbose: int = 2
     """``model.fit`` verbosity on rank 0 (2: one line per epoch; 0: silent)."""
+    mixed_precision: bool | None = None
+    """``mixed_float16`` with a float32 head; ``None``: on with a GPU, off on CPU (or
+    ``CHEXNET_MIXED_PRECISION``). See :mod:`chexnet_utils.accelerator`."""
+    xla: bool | None = None
+    """``jit_compile``; ``None``: on with a GPU (distributed: only with
+    ``HOROVOD_ENABLE_XLA_OPS=1``), off on CPU (or ``CHEXNET_XLA``)."""
 
     def __post_init__(self) -> None:
         self.tfrecords = Path(self.tfrecords)
@@ -689,14 +695,16 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     """
     import keras
 
-    from chexnet_utils.models import MeanAUROC, WeightedBCE, build_chexnet
-    from chexnet_utils.pipelines import build_pipeline
+    from chexnet_utils.accelerator import build_model, policy_scope, resolve_switches
+    from chexnet_utils.models import MeanAUROC, WeightedBCE
+    from chexnet_utils.pipelines import accelerator_device, build_pipeline, to_accelerator
     from chexnet_utils.tfrecords import list_shards
 
     t_start = time.perf_counter()
     cfg = config
     cfg.validate_values()
     rank, size = init_world(cfg.distributed)
+    switches = resolve_switches(cfg.mixed_precision, cfg.xla, distributed=cfg.distributed)
     chief = rank == 0
     tfr = Path(cfg.tfrecords)
     out = Path(cfg.out_dir)
@@ -727,26 +735,31 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
                 raise ValueError(f"{ckpt_dir}: the checkpoint has {key}={state.get(key)!r}, "
                                  f"the config {getattr(cfg, key)!r}; use another out_dir or "
                                  "resume=False")
-        model, _ = load_checkpoint(out)
+        with policy_scope(bool(state.get("mixed_precision", False))):  # as it was saved
+            model, _ = load_checkpoint(out)
         say(f"resumed from {ckpt_dir / LAST_NAME}: {initial_epoch} epoch(s) done, "
             f"optimizer step {int(model.optimizer.iterations.numpy())}, "
             f"learning rate {float(np.asarray(model.optimizer.learning_rate)):.3g}")
     else:
-        model = build_chexnet(cfg.arch, cfg.image_size, weights=cfg.weights)
+        model = build_model(cfg.arch, cfg.image_size, weights=cfg.weights,
+                            mixed_precision=switches.mixed_precision)
         lr = scaled_learning_rate(cfg.learning_rate, size,
                                   cfg.lr_scaling if cfg.scale_lr and cfg.distributed else None)
         model.compile(optimizer=keras.optimizers.Adam(lr), loss=loss_fn,
-                      metrics=[MeanAUROC()],
-                      jit_compile=False if cfg.distributed else "auto")
+                      metrics=[MeanAUROC()], jit_compile=switches.xla)
         state = {"format": STATE_FORMAT, "arch": cfg.arch, "image_size": cfg.image_size,
-                 "epoch": 0, "best_epoch": None, "best_score": None, "history": []}
+                 "epoch": 0, "best_epoch": None, "best_score": None, "history": [],
+                 "mixed_precision": switches.mixed_precision}
     model.gradient_reducer = gradient_averager(cfg.distributed, cfg.allreduce)
-    model.optimizer.build(model.trainable_variables)  # variables exist before the broadcast
+    if not model.optimizer.built:  # (Keras' LossScaleOptimizer.build is not idempotent)
+        model.optimizer.build(model.trainable_variables)  # variables exist before the broadcast
 
     train_ds = build_pipeline(cfg.pipeline, train_files, cfg.batch_size, cfg.image_size,
                               training=True, num_workers=size, worker_index=rank,
                               seed=cfg.seed + initial_epoch, shuffle_buffer=cfg.shuffle_buffer,
                               antialias=cfg.antialias)
+    if cfg.pipeline == "new":  # on a GPU: batches copied to it ahead of time
+        train_ds = to_accelerator(train_ds, accelerator_device())
 
     # ---- callbacks -------------------------------------------------------------------------
     C = _callback_classes()
@@ -869,6 +882,8 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
             "checkpoints": {"last": str(ckpt_dir / LAST_NAME),
                             "best": str(best_path) if best_path.is_file() else None},
             "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+            "accelerator": {"mixed_precision": switches.mixed_precision, "xla": switches.xla,
+                            "why": switches.why},
         }
         out.mkdir(parents=True, exist_ok=True)
         result.metrics_path = out / METRICS_NAME
