@@ -17,7 +17,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup test unit notebooks tutorial lab browser-check data bench fresh-check clean distclean
+.PHONY: help setup test unit notebooks tutorial lab browser-check data bench fresh-check gpu-build-check clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
@@ -28,6 +28,8 @@ help:
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
 	@echo "make bench      conversion, old vs new pipeline, Horovod scaling -> $(BUILD)/bench-*.json"
 	@echo "make fresh-check  (root) make setup + notebook 00 in a bare Debian 12 chroot, then removed"
+	@echo "make gpu-build-check  the GPU stack (CUDA TensorFlow, Horovod + NCCL) built in .venv-gpu and checked, no GPU needed"
+	@echo "make setup GPU=1  the GPU build in .venv (automatic where nvidia-smi -L lists GPUs)"
 
 setup:
 	@bash scripts/setup.sh
@@ -57,7 +59,7 @@ tutorial: setup data
 BENCH_WORKERS ?= 1,2
 
 bench: setup data
-	$(PY) -c 'from chexnet_utils.data import prepare_tfrecords; prepare_tfrecords()'
+	CHEXNET_WORK_DIR=$(BUILD) $(PY) -c 'from chexnet_utils.data import prepare_tfrecords; prepare_tfrecords()'
 	$(PY) -m chexnet_utils bench conversion --json $(BUILD)/bench-conversion.json --data-dir \
 	  "$$($(PY) -c 'from chexnet_utils.config import data_dir; print(data_dir())')"
 	$(PY) -m chexnet_utils bench pipelines --tfrecords $(BUILD)/tfrecords-full \
@@ -83,8 +85,15 @@ browser-check: setup
 fresh-check:
 	@bash scripts/fresh_check.sh
 
+# The GPU stack on a CPU-only machine: GPU=1 setup into .venv-gpu (tensorflow[and-cuda],
+# Horovod with CUDA + NCCL, wheel cached with the CUDA and NCCL versions in its key), then it
+# checks tf.test.is_built_with_cuda(), hvd.cuda_built(), hvd.nccl_built() and fails naming
+# what is missing (scripts/gpu_build_check.sh). CI runs it after make test.
+gpu-build-check:
+	@bash scripts/gpu_build_check.sh
+
 clean:
 	rm -rf $(BUILD) .pytest_cache
 
 distclean: clean
-	rm -rf $(VENV) data/synthetic-*
+	rm -rf $(VENV) .venv-gpu data/synthetic-*

@@ -21,6 +21,8 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3.11}
 CACHE=${CHEXNET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chexnet-at-scale}
 KERNEL_NAME=${KERNEL_NAME:-chexnet-at-scale}
+KERNEL_DISPLAY=${KERNEL_DISPLAY:-Python ($KERNEL_NAME)}
+KERNEL_USER=${KERNEL_USER:-1}   # 0: register the kernel only inside the environment
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 t0=$(date +%s)
 GPU=${GPU:-auto}
@@ -56,7 +58,7 @@ else
     say "creating $VENV with $PYTHON"
     "$PYTHON" -m venv "$VENV"
   fi
-  PY="$ROOT/$VENV/bin/python"
+  case "$VENV" in /*) PY="$VENV/bin/python" ;; *) PY="$ROOT/$VENV/bin/python" ;; esac
 fi
 PIP=("$PY" -m pip --disable-pip-version-check)
 stamp_dir=$("$PY" -c 'import sys; print(sys.prefix)')
@@ -110,7 +112,8 @@ if [ "$GPU" = 1 ]; then
     echo "no CUDA toolchain for Horovod's GPU build (reason above)" >&2; exit 1; }
   eval "$toolchain"
   say "CUDA route: $CHEXNET_CUDA_ROUTE"
-  WHEEL_KEY="$WHEEL_KEY-cuda$CHEXNET_CUDA_VERSION-nccl$CHEXNET_NCCL_VERSION"
+  # CUDA headers, nvcc and compute capabilities (CHEXNET_CUDA_KEY, e.g. 12.9-nvcc13.0.88-sm75.80.90)
+  WHEEL_KEY="$WHEEL_KEY-cuda$CHEXNET_CUDA_KEY-nccl$CHEXNET_NCCL_VERSION"
 fi
 WHEEL_DIR="$CACHE/wheels/$WHEEL_KEY"
 have_hvd=$("$PY" - "$HVD_VERSION" "$GPU" <<'PY' 2>/dev/null || true
@@ -223,9 +226,10 @@ fi
 # In the environment (what `make lab` and the tests use: Jupyter prefers it over the user's
 # folder, which another checkout's setup may have pointed at its own venv) and for the user
 # (for a Jupyter outside this environment).
-for where in --sys-prefix --user; do
+kernel_where=(--sys-prefix); [ "$KERNEL_USER" = 1 ] && kernel_where+=(--user)
+for where in "${kernel_where[@]}"; do
   "$PY" -m ipykernel install "$where" --name "$KERNEL_NAME" \
-    --display-name "Python (chexnet-at-scale)" >/dev/null
+    --display-name "$KERNEL_DISPLAY" >/dev/null
 done
 say "Jupyter kernel '$KERNEL_NAME' registered"
 # ipyparallel's wheel ships its JupyterLab extension (the "IPython Parallel" sidebar) and
