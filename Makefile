@@ -26,7 +26,7 @@ help:
 	@echo "make browser-check  open every notebook in headless Chromium -> $(BUILD)/browser/*.png"
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
-	@echo "make bench      conversion, old vs new pipeline, Horovod scaling -> $(BUILD)/bench-*.json"
+	@echo "make bench      conversion, old vs new pipeline, tf.data service, Horovod scaling -> $(BUILD)/bench-*.json"
 	@echo "make fresh-check  (root) make setup + notebook 00 in a bare Debian 12 chroot, then removed"
 	@echo "make gpu-build-check  the GPU stack (CUDA TensorFlow, Horovod + NCCL) built in .venv-gpu and checked, no GPU needed"
 	@echo "make setup GPU=1  the GPU build in .venv (automatic where nvidia-smi -L lists GPUs)"
@@ -54,7 +54,9 @@ tutorial: setup data
 # Benchmarks (numbers for docs/benchmarks.md): the data set's full-size TFRecords, converted
 # once by the same code the notebooks use (build/tfrecords-full), then
 #   conversion: images/s with 1 worker vs all cores (original bytes and resized to 320 px)
-#   pipelines:  old vs new tf.data pipeline, decode ceiling, idle fractions
+#   pipelines:  old vs new tf.data pipeline, decode ceiling, idle fractions, and the share of
+#               a 100 ms emulated accelerator's time spent waiting for data
+#   service:    a one-core trainer decoding locally vs fed by a tf.data service worker
 #   scaling:    Horovod images/s on 1..N MPI engines, old vs new pipeline, efficiency
 BENCH_WORKERS ?= 1,2
 
@@ -63,7 +65,8 @@ bench: setup data
 	$(PY) -m chexnet_utils bench conversion --json $(BUILD)/bench-conversion.json --data-dir \
 	  "$$($(PY) -c 'from chexnet_utils.config import data_dir; print(data_dir())')"
 	$(PY) -m chexnet_utils bench pipelines --tfrecords $(BUILD)/tfrecords-full \
-	  --json $(BUILD)/bench-pipelines.json
+	  --emulate-accelerator 100 --json $(BUILD)/bench-pipelines.json
+	$(PY) -m chexnet_utils bench service --json $(BUILD)/bench-service.json
 	$(PY) -m chexnet_utils bench scaling --workers $(BENCH_WORKERS) --emulate-accelerator 20 \
 	  --tfrecords $(BUILD)/tfrecords-full --json $(BUILD)/bench-scaling.json
 

@@ -8,7 +8,11 @@ Notebooks narrate; this package implements. Modules, one concern each:
   :mod:`~chexnet_utils.synthetic` (a stand-in in the exact NIH layout),
   :mod:`~chexnet_utils.tfrecords` (sharded, resumable, verified conversion),
   :mod:`~chexnet_utils.data` (the data set and TFRecords for the current scale);
-- input: :mod:`~chexnet_utils.pipelines` (the old and the new ``tf.data`` pipeline);
+- input: :mod:`~chexnet_utils.pipelines` (the old and the new ``tf.data`` pipeline),
+  :mod:`~chexnet_utils.feeding` (cache, snapshot, ``list_files`` and its trap, Options, Keras
+  ``PyDataset``),
+  :mod:`~chexnet_utils.tfdata_service` (tf.data service dispatcher/worker processes,
+  ``bench service``);
 - model and training: :mod:`~chexnet_utils.models`, :mod:`~chexnet_utils.training`,
   :mod:`~chexnet_utils.explain` (Grad-CAM);
 - many workers: :mod:`~chexnet_utils.devices` (visible GPUs, workers per node, one process

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FedTrainingResult",
+    "accel_wait_fraction",
     "ThroughputResult",
     "Timeline",
     "TrainingResult",
@@ -746,6 +747,21 @@ def simulated_workers(files: Files, approach: str | PipelineOptions, num_workers
             "assumption": "one worker per machine; aggregate = per-worker rate x workers"}
 
 
+def accel_wait_fraction(dataset: tf.data.Dataset, accelerator_ms: float, n_steps: int = 20,
+                        warmup: int = 2) -> float:
+    """Share of an emulated accelerator's time spent waiting for data (the articles' idle
+    GPU): each step "computes" by sleeping ``accelerator_ms`` (no CPU used, so the pipeline
+    keeps every core, as on a GPU host), fed by ``dataset``; the result is
+    :attr:`Timeline.wait_fraction` of :func:`record_timeline`."""
+    if accelerator_ms <= 0:
+        raise ValueError(f"accelerator_ms must be > 0, got {accelerator_ms}")
+
+    def step(_batch: Any) -> None:
+        time.sleep(accelerator_ms / 1000.0)
+
+    return record_timeline(dataset, step, n_steps, warmup=warmup).wait_fraction
+
+
 def records_per_file(files: Files) -> list[int]:
     """Number of records in each TFRecord file (read by TensorFlow, nothing decoded)."""
     import tensorflow as tf
@@ -794,7 +810,8 @@ def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size
                     warmup_batches: int = 2, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
                     ceiling_images: int = 64, train_steps: int = 10, seed: int | None = 0,
                     model_fn: Callable[[int], keras.Model] | None = None,
-                    log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    log: Callable[[str], None] | None = None,
+                    emulate_accelerator_ms: float | None = None) -> dict[str, Any]:
     """Old vs new approach on one split of converted TFRecords, in one run.
 
     Measures (training mode, one worker): the images/s of both pipelines with their runs
@@ -807,7 +824,9 @@ def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size
     Returns a JSON-ready dict with ``old_img_per_s``, ``new_img_per_s`` (means),
     ``*_std``, ``*_runs``, ``decode_ceiling_img_per_s``, ``decode_img_per_s_single_core``,
     ``new_over_old``, ``new_over_ceiling``, ``idle_fraction_old``, ``idle_fraction_new``,
-    ``train_*_img_per_s``, ``cores``, and the parameters.
+    ``train_*_img_per_s``, ``cores``, and the parameters. With ``emulate_accelerator_ms``
+    also ``accel_wait_fraction_old`` / ``_new`` (:func:`accel_wait_fraction`, ``n_batches``
+    steps of an accelerator taking that many ms per batch).
     """
     import tensorflow as tf
 
@@ -837,9 +856,17 @@ def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size
                                  synthetic_img_per_s=synth)
              for name, ds in pipelines.items()}
 
+    accel: dict[str, Any] = {}
+    if emulate_accelerator_ms is not None:
+        say(f"feeding an emulated accelerator ({emulate_accelerator_ms:g} ms per batch)")
+        accel = {f"accel_wait_fraction_{name}": accel_wait_fraction(
+                     ds, emulate_accelerator_ms, n_batches, warmup_batches)
+                 for name, ds in pipelines.items()}
+        accel["emulate_accelerator_ms"] = emulate_accelerator_ms
+
     old, new = t["old"].mean, t["new"].mean
     ceil = ceiling["ceiling_img_per_s"]
-    return {
+    return {**accel,
         "old_img_per_s": old, "old_img_per_s_std": t["old"].std,
         "old_img_per_s_runs": t["old"].images_per_s,
         "new_img_per_s": new, "new_img_per_s_std": t["new"].std,

@@ -13,6 +13,8 @@ Commands
                exit 1 when anything does not match
 ``bench``      measurements: ``bench pipelines`` times the old vs the new tf.data input
                pipeline on converted TFRecords and writes the numbers as JSON;
+               ``bench service`` a one-core trainer decoding locally vs fed by a tf.data
+               service worker on another core (predicted vs measured speed-up);
                ``bench gpu-node`` trains CheXNet on 1..N GPUs (images/s, speed-up,
                efficiency beside published reference points; exit 3 without a GPU)
 ``train``      train CheXNet (or the small CPU model) on converted TFRecords; writes
@@ -123,8 +125,29 @@ def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
         n_batches=args.batches, split=args.split, repeats=args.repeats,
         warmup_batches=args.warmup, shuffle_buffer=args.shuffle_buffer,
         ceiling_images=args.ceiling_images, train_steps=args.train_steps,
-        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+        emulate_accelerator_ms=args.emulate_accelerator)
     print(format_bench(result))
+    if "accel_wait_fraction_new" in result:
+        print(f"emulated accelerator ({args.emulate_accelerator:g} ms per batch) waiting for "
+              f"data: old {result['accel_wait_fraction_old']:.1%}, "
+              f"new {result['accel_wait_fraction_new']:.1%}")
+    _write_json(args.json, result)
+    return 0
+
+
+def _cmd_bench_service(args: argparse.Namespace) -> int:
+    from chexnet_utils.config import scale
+    from chexnet_utils.data import prepare_tfrecords
+    from chexnet_utils.tfdata_service import bench_service, format_bench_service
+
+    tfr = args.tfrecords or prepare_tfrecords(None, progress=False)
+    result = bench_service(
+        tfr, image_size=args.image_size or scale().image_size, batch_size=args.batch_size,
+        n_steps=args.steps, warmup=args.warmup, repeats=args.repeats, split=args.split,
+        processing_mode=args.mode,
+        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    print(format_bench_service(result))
     _write_json(args.json, result)
     return 0
 
@@ -327,7 +350,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="images for the single-core decode rate (default 64)")
     b.add_argument("--train-steps", type=int, default=10, metavar="N",
                    help="timed training steps for the idle fractions (default 10)")
+    b.add_argument("--emulate-accelerator", type=float, default=None, metavar="MS",
+                   help="also feed an emulated accelerator taking MS per batch and report "
+                        "accel_wait_fraction_old/_new (share of its time waiting for data)")
     b.set_defaults(handler=_cmd_bench_pipelines)
+
+    b = bench.add_parser("service", help="one-core trainer: local decoding vs a tf.data "
+                                         "service worker on the other core")
+    b.add_argument("--tfrecords", type=Path, default=None,
+                   help="converted full-size folder (default: build/tfrecords-full, made "
+                        "if missing)")
+    b.add_argument("--json", type=Path, default=None, help="write the results here")
+    b.add_argument("--split", default="train", help="which shards to read (default train)")
+    b.add_argument("--image-size", type=int, default=None, metavar="PX",
+                   help="model input side (default: the scale preset's)")
+    b.add_argument("--batch-size", type=int, default=16, metavar="N", help="default 16")
+    b.add_argument("--steps", type=int, default=30, metavar="N",
+                   help="timed steps per run (default 30)")
+    b.add_argument("--warmup", type=int, default=5, metavar="N",
+                   help="untimed steps before each run (default 5)")
+    b.add_argument("--repeats", type=int, default=2, metavar="N",
+                   help="alternating local/service runs (default 2)")
+    b.add_argument("--mode", default="parallel_epochs",
+                   choices=("parallel_epochs", "distributed_epoch"),
+                   help="processing mode of the service (default parallel_epochs)")
+    b.set_defaults(handler=_cmd_bench_service)
 
     b = bench.add_parser("conversion", help="TFRecord conversion images/s, 1 vs all workers")
     b.add_argument("--data-dir", type=Path, required=True, help="NIH-layout folder")
