@@ -94,25 +94,24 @@ def resolve_switches(mixed_precision: bool | str | None = None, xla: bool | str 
     device = "a GPU" if has_gpu else "no GPU"
     why: dict[str, str] = {}
 
-    mp = parse_switch(mixed_precision, "mixed_precision")
-    if mp is not None:
-        why["mixed_precision"] = "set by the caller"
-    else:
-        mp = parse_switch(env.get(ENV_MIXED_PRECISION), ENV_MIXED_PRECISION)
-        if mp is not None:
-            why["mixed_precision"] = f"{ENV_MIXED_PRECISION}={env[ENV_MIXED_PRECISION]}"
-        else:
-            mp = has_gpu
-            why["mixed_precision"] = f"default with {device}"
+    def explicit(name: str, value: bool | str | None, env_name: str) -> bool | None:
+        """The caller's value, else the environment's, with the reason in ``why``."""
+        chosen = parse_switch(value, name)
+        if chosen is not None:
+            why[name] = "set by the caller"
+            return chosen
+        chosen = parse_switch(env.get(env_name), env_name)
+        if chosen is not None:
+            why[name] = f"{env_name}={env[env_name]}"
+        return chosen
 
-    jit = parse_switch(xla, "xla")
-    if jit is not None:
-        why["xla"] = "set by the caller"
-    else:
-        jit = parse_switch(env.get(ENV_XLA), ENV_XLA)
-        if jit is not None:
-            why["xla"] = f"{ENV_XLA}={env[ENV_XLA]}"
-        elif has_gpu and distributed and env.get("HOROVOD_ENABLE_XLA_OPS") != "1":
+    mp = explicit("mixed_precision", mixed_precision, ENV_MIXED_PRECISION)
+    if mp is None:
+        mp = has_gpu
+        why["mixed_precision"] = f"default with {device}"
+    jit = explicit("xla", xla, ENV_XLA)
+    if jit is None:
+        if has_gpu and distributed and env.get("HOROVOD_ENABLE_XLA_OPS") != "1":
             jit = False
             why["xla"] = ("off: Horovod's allreduce in the step needs HOROVOD_ENABLE_XLA_OPS=1 "
                           "to be compiled by XLA")
