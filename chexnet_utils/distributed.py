@@ -197,12 +197,16 @@ def run_mpi_json(n_procs: int, argv: Sequence[str], timeout: float = 300,
 # ---------------------------------------------------------------------------------------
 
 
-def _mpi_rank() -> int:
+def mpi_rank() -> int:
     """This process's MPI rank from the launcher's environment (Open MPI, MPICH, Slurm)."""
     for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
         if var in os.environ:
             return int(os.environ[var])
     return 0
+
+
+_mpi_rank = mpi_rank
+"""The old, private name of :func:`mpi_rank` (kept for compatibility)."""
 
 
 class EngineFailure(RuntimeError):
@@ -315,7 +319,7 @@ class MPICluster:
             self.view = self.client.broadcast_view()
             self.view.block = True
             self.engine_pids = list(self.view.apply_sync(os.getpid))
-            self._ranks = [int(r) for r in self.view.apply_sync(_mpi_rank)]
+            self._ranks = [int(r) for r in self.view.apply_sync(mpi_rank)]
             self._track_processes()
         except BaseException:
             self.stop()
