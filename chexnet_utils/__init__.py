@@ -6,7 +6,8 @@ Notebooks narrate; this package implements. Modules, one concern each:
   :mod:`~chexnet_utils.nih` (the ChestX-ray14 layout, patient-level split, leakage check),
   :mod:`~chexnet_utils.leakage` (what an image-level split does),
   :mod:`~chexnet_utils.synthetic` (a stand-in in the exact NIH layout),
-  :mod:`~chexnet_utils.tfrecords` (sharded, resumable, verified conversion),
+  :mod:`~chexnet_utils.tfrecords` (sharded, resumable, verified conversion; a package:
+  ``wire``, ``images``, ``plan``, ``convert``, ``verify``, ``bench``),
   :mod:`~chexnet_utils.data` (the data set and TFRecords for the current scale);
 - input: :mod:`~chexnet_utils.pipelines` (the old and the new ``tf.data`` pipeline),
   :mod:`~chexnet_utils.feeding` (cache, snapshot, ``list_files`` and its trap, Options, Keras
@@ -23,8 +24,12 @@ Notebooks narrate; this package implements. Modules, one concern each:
   :mod:`~chexnet_utils.distributed` (MPI, ipyparallel MPI engines),
   :mod:`~chexnet_utils.horovod_keras` (averaging gradients on Keras 3, the pitfall, the
   rank-agreement check),
-  :mod:`~chexnet_utils.scaling` (images/s on 1..N workers), :mod:`~chexnet_utils.comm`
-  (parameter server vs ring-allreduce, cost model, Horovod timeline);
+  :mod:`~chexnet_utils.scaling` (images/s on 1..N workers),
+  :mod:`~chexnet_utils.collectives` (parameter server vs ring-allreduce timed on the engines),
+  :mod:`~chexnet_utils.steptimer` (one training step timed with Horovod or
+  MultiWorkerMirroredStrategy), :mod:`~chexnet_utils.costmodel` (alpha-beta model, numpy
+  simulations, gradient sizes), :mod:`~chexnet_utils.hvd_timeline` (Horovod timelines),
+  :mod:`~chexnet_utils.comm` (the façade re-exporting those four, as the notebooks use them);
 - measuring and showing: :mod:`~chexnet_utils.benchmark`, :mod:`~chexnet_utils.plots`,
   :mod:`~chexnet_utils.results`;
 - exercises: :mod:`~chexnet_utils.exercises` (``check_...`` helpers that tell the learner
