@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from datasets import synthetic_tfrecords
 
 from chexnet_utils import benchmark, comm, devices, exercises, pipelines, synthetic
 from chexnet_utils import tfrecords as T
@@ -30,12 +31,7 @@ def verdict(capsys: pytest.CaptureFixture[str], result: bool) -> bool:
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """40 synthetic 32 px images converted with shards of 5."""
-    root = tmp_path_factory.mktemp("exercises")
-    data = synthetic.generate_dataset(root / "data", n=40, size=32, seed=0, workers=1,
-                                      progress=False)
-    T.convert_dataset(data, root / "tfrecords", shard_size=SHARD_SIZE, workers=1,
-                      progress=False)
-    return root / "tfrecords"
+    return synthetic_tfrecords(tmp_path_factory.mktemp("exercises"), 40, 32, SHARD_SIZE)
 
 
 # --- 00 ------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from datasets import synthetic_tfrecords
 
 from chexnet_utils import accelerator, devices, gpu_monitor, gpu_node, gpu_topology, pipelines
 from chexnet_utils.cli import main
@@ -600,13 +601,7 @@ def test_cli_gpu_node_with_fake_gpus(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 @pytest.fixture(scope="module")
 def tiny_tfrecords(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from chexnet_utils.synthetic import generate_dataset
-    from chexnet_utils.tfrecords import convert_dataset
-
-    root = tmp_path_factory.mktemp("gpu-paths")
-    data = generate_dataset(root / "data", n=64, size=32, seed=0, workers=1, progress=False)
-    convert_dataset(data, root / "tfr", shard_size=16, workers=1, progress=False)
-    return root / "tfr"
+    return synthetic_tfrecords(tmp_path_factory.mktemp("gpu-paths"), 64, 32, 16)
 
 
 def test_train_with_mixed_precision_and_resume(tiny_tfrecords: Path, tmp_path: Path) -> None:

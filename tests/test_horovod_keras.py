@@ -13,6 +13,7 @@ from pathlib import Path
 import cloudpickle
 import numpy as np
 import pytest
+from datasets import synthetic_tfrecords
 
 from chexnet_utils import horovod_keras as HK
 from chexnet_utils.distributed import (MPICluster, launcher_command, mpi_environment,
@@ -31,13 +32,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def tfr_dir(tmp_path_factory):
-    from chexnet_utils.synthetic import generate_dataset
-    from chexnet_utils.tfrecords import convert_dataset
-
-    root = tmp_path_factory.mktemp("hvdk")
-    data = generate_dataset(root / "data", n=120, size=64, seed=0, workers=1, progress=False)
-    convert_dataset(data, root / "tfrecords", shard_size=8, workers=1, progress=False)
-    return root / "tfrecords"
+    return synthetic_tfrecords(tmp_path_factory.mktemp("hvdk"), 120, 64, 8)
 
 
 # ---- the copyable scripts (first: the module's cluster does not exist yet, so its idle

@@ -8,6 +8,7 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
+from datasets import synthetic_tfrecords
 
 from chexnet_utils.distributed import EngineFailure, MPICluster
 
@@ -17,13 +18,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @pytest.fixture(scope="module")
 def tfr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from chexnet_utils.synthetic import generate_dataset
-    from chexnet_utils.tfrecords import convert_dataset
-
-    root = tmp_path_factory.mktemp("hvd")
-    data = generate_dataset(root / "data", n=120, size=64, seed=0, workers=1, progress=False)
-    convert_dataset(data, root / "tfrecords", shard_size=8, workers=1, progress=False)
-    return root / "tfrecords"
+    return synthetic_tfrecords(tmp_path_factory.mktemp("hvd"), 120, 64, 8)
 
 
 def _config(tfr: Path, out: Path, **kw):

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from datasets import synthetic_tfrecords
 
 from chexnet_utils import models as M
 from chexnet_utils import training as T
@@ -35,14 +36,7 @@ BATCH = 16
 
 @pytest.fixture(scope="module")
 def tfr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from chexnet_utils.synthetic import generate_dataset
-    from chexnet_utils.tfrecords import convert_dataset
-
-    root = tmp_path_factory.mktemp("train-data")
-    data = generate_dataset(root / "data", n=N_IMAGES, size=SOURCE_PX, seed=0, workers=1,
-                            progress=False)
-    convert_dataset(data, root / "tfrecords", shard_size=16, workers=1, progress=False)
-    return root / "tfrecords"
+    return synthetic_tfrecords(tmp_path_factory.mktemp("train-data"), N_IMAGES, SOURCE_PX, 16)
 
 
 def snapshot(model: Any) -> dict[str, Any]:
