@@ -114,8 +114,6 @@ def gpu_throughput_on_engine(cfg: GpuStepConfig | dict[str, Any]) -> dict[str, A
     XLA, and the new pipeline's batches copied to the GPU ahead of time. Returns the rank,
     world size, the job's images/s, the switches and the timed window (``time.time()``).
     """
-    import numpy as np
-
     c = GpuStepConfig(**cfg) if isinstance(cfg, dict) else cfg
     if c.rank_cpus:
         from chexnet_utils.gpu_topology import bind_this_process
@@ -126,43 +124,24 @@ def gpu_throughput_on_engine(cfg: GpuStepConfig | dict[str, Any]) -> dict[str, A
     import keras
 
     from chexnet_utils.accelerator import build_model, resolve_switches
-    from chexnet_utils.labels import NUM_CLASSES
-    from chexnet_utils.models import WeightedBCE
     from chexnet_utils.pipelines import accelerator_device, build_pipeline, to_accelerator
+    from chexnet_utils.scaling import prepare_data_parallel_model, timed_window
     from chexnet_utils.tfrecords import list_shards
-    from chexnet_utils.training import broadcast_initial_state, gradient_averager, init_world
+    from chexnet_utils.training import init_world
 
     rank, size = init_world(True)
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
     sw = resolve_switches(c.mixed_precision, c.xla, distributed=True)
     keras.utils.set_random_seed(c.seed)
     model = build_model(c.arch, c.image_size, mixed_precision=sw.mixed_precision)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  loss=WeightedBCE(np.full(NUM_CLASSES, 0.5), np.full(NUM_CLASSES, 0.5)),
-                  jit_compile=sw.xla)
-    model.gradient_reducer = gradient_averager(True)
-    model.optimizer.build(model.trainable_variables)
-    broadcast_initial_state(model, True)
+    prepare_data_parallel_model(model, jit_compile=sw.xla)
     ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,
                         c.image_size, training=True, num_workers=size, worker_index=rank,
                         seed=c.seed)
     if c.pipeline == "new":
         ds = to_accelerator(ds, accelerator_device())
     it = iter(ds)
-
-    def barrier() -> None:
-        hvd.allreduce(tf.constant(0.0), name="gpu_bench_barrier", op=hvd.Sum).numpy()
-
-    for _ in range(c.warmup_steps):
-        model.train_on_batch(*next(it))
-    barrier()
-    t0, wall0 = time.perf_counter(), time.time()
-    for _ in range(c.steps):
-        model.train_on_batch(*next(it))
-    barrier()
-    seconds = time.perf_counter() - t0
+    seconds, wall0 = timed_window(lambda: model.train_on_batch(*next(it)), c.warmup_steps,
+                                  c.steps, barrier_name="gpu_bench_barrier")
     return {"rank": rank, "size": size, "seconds": seconds,
             "img_per_s": c.steps * c.batch_size * size / seconds, "pipeline": c.pipeline,
             "mixed_precision": sw.mixed_precision, "xla": sw.xla, "why": sw.why,

@@ -59,6 +59,46 @@ class StepBenchConfig:
     this long instead of computing, then averages gradient-sized tensors across workers."""
 
 
+def prepare_data_parallel_model(model: Any, jit_compile: bool = False) -> None:
+    """Compile ``model`` the way the scaling benchmarks time it (Adam 1e-3, weighted BCE
+    with flat weights), average its gradients with Horovod and broadcast rank 0's initial
+    state, as :func:`chexnet_utils.training.train` does with ``distributed=True``."""
+    import keras
+    import numpy as np
+
+    from chexnet_utils.labels import NUM_CLASSES
+    from chexnet_utils.models import WeightedBCE
+    from chexnet_utils.training import broadcast_initial_state, gradient_averager
+
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=WeightedBCE(np.full(NUM_CLASSES, 0.5), np.full(NUM_CLASSES, 0.5)),
+                  jit_compile=jit_compile)
+    model.gradient_reducer = gradient_averager(True)
+    model.optimizer.build(model.trainable_variables)
+    broadcast_initial_state(model, True)
+
+
+def timed_window(step: Callable[[], None], warmup_steps: int, steps: int,
+                 barrier_name: str = "bench_barrier") -> tuple[float, float]:
+    """``warmup_steps`` untimed calls of ``step``, then ``steps`` timed ones between two
+    Horovod barriers (an allreduce), so every worker reports the same interval. Returns
+    (seconds, wall-clock start as ``time.time()``)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    def barrier() -> None:
+        hvd.allreduce(tf.constant(0.0), name=barrier_name, op=hvd.Sum).numpy()
+
+    for _ in range(warmup_steps):
+        step()
+    barrier()
+    t0, wall0 = time.perf_counter(), time.time()
+    for _ in range(steps):
+        step()
+    barrier()
+    return time.perf_counter() - t0, wall0
+
+
 def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any]:
     """Run on every Horovod worker: ``steps`` timed data-parallel training steps.
 
@@ -69,13 +109,11 @@ def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any
     interval. Returns this worker's rank, the world size and the images/s of the whole job.
     """
     import keras
-    import numpy as np
 
-    from chexnet_utils.labels import NUM_CLASSES
-    from chexnet_utils.models import WeightedBCE, build_chexnet
+    from chexnet_utils.models import build_chexnet
     from chexnet_utils.pipelines import build_pipeline
     from chexnet_utils.tfrecords import list_shards
-    from chexnet_utils.training import broadcast_initial_state, gradient_averager, init_world
+    from chexnet_utils.training import init_world
 
     c = StepBenchConfig(**cfg) if isinstance(cfg, dict) else cfg
     rank, size = init_world(True)
@@ -84,19 +122,11 @@ def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any
 
     keras.utils.set_random_seed(c.seed)
     model = build_chexnet(c.arch, c.image_size)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  loss=WeightedBCE(np.full(NUM_CLASSES, 0.5), np.full(NUM_CLASSES, 0.5)),
-                  jit_compile=False)
-    model.gradient_reducer = gradient_averager(True)
-    model.optimizer.build(model.trainable_variables)
-    broadcast_initial_state(model, True)
+    prepare_data_parallel_model(model)
     ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,
                         c.image_size, training=True, num_workers=size, worker_index=rank,
                         seed=c.seed, shuffle_buffer=c.shuffle_buffer)
     it = iter(ds)
-
-    def barrier() -> None:
-        hvd.allreduce(tf.constant(0.0), name="bench_barrier", op=hvd.Sum).numpy()
 
     batches = 0
     averaged: list[Any] = []
@@ -118,14 +148,7 @@ def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any
             batches += 1
             model.train_on_batch(x, y)
 
-    for _ in range(c.warmup_steps):
-        step()
-    barrier()
-    t0 = time.perf_counter()
-    for _ in range(c.steps):
-        step()
-    barrier()
-    seconds = time.perf_counter() - t0
+    seconds, _ = timed_window(step, c.warmup_steps, c.steps)
     images = c.steps * c.batch_size * size
     out = {"rank": rank, "size": size, "seconds": seconds, "img_per_s": images / seconds,
            "pipeline": c.pipeline, "accelerator_ms": c.accelerator_ms, "batches": batches}
