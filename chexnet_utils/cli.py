@@ -328,8 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="store_true", help="also decode every stored image")
     p.set_defaults(handler=_cmd_verify)
 
-    p = sub.add_parser("bench", help="measurements: bench pipelines | conversion | scaling | "
-                                     "gpu-node")
+    p = sub.add_parser("bench", help="measurements: bench pipelines | service | conversion | "
+                                     "scaling | gpu-node")
     bench = p.add_subparsers(dest="bench_command", required=True)
     b = bench.add_parser("pipelines", help="old vs new input pipeline on converted TFRecords")
     b.add_argument("--tfrecords", type=Path, required=True, help="converted folder")

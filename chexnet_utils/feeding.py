@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chexnet_utils.pipelines import AUTOTUNE, Files, decode_resize, normalize
+from chexnet_utils.pipelines import AUTOTUNE, Files, example_fn
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -60,14 +60,8 @@ def _decoded(files: Files, image_size: int, with_names: bool) -> tf.data.Dataset
     """Records of ``files`` -> ``(image, label[, name])`` decoded and normalised, unflipped."""
     import tensorflow as tf
 
-    from chexnet_utils.tfrecords import parse_example
 
-    def fn(serialized):  # type: ignore[no-untyped-def]
-        ex = parse_example(serialized)
-        image = normalize(decode_resize(ex["image_bytes"], image_size))
-        label = tf.cast(ex["label"], tf.float32)
-        return (image, label, ex["name"]) if with_names else (image, label)
-
+    fn = example_fn(image_size, False, None, with_names, antialias=False, batched=False)
     ds = tf.data.Dataset.from_tensor_slices([str(f) for f in files])
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=AUTOTUNE,
                        deterministic=True)
@@ -143,7 +137,6 @@ def list_files_pipeline(pattern: str, batch_size: int, image_size: int,
     """
     import tensorflow as tf
 
-    from chexnet_utils.pipelines import preprocess
     from chexnet_utils.tfrecords import parse_example
 
     files = tf.data.Dataset.list_files(pattern, shuffle=shuffle, seed=seed)
@@ -155,11 +148,7 @@ def list_files_pipeline(pattern: str, batch_size: int, image_size: int,
     if not decode:
         return ds.map(lambda r: parse_example(r)["name"])
 
-    def fn(serialized):  # type: ignore[no-untyped-def]
-        ex = parse_example(serialized)
-        image, label = preprocess(ex["image_bytes"], ex["label"], image_size, training)
-        return (image, label, ex["name"]) if with_names else (image, label)
-
+    fn = example_fn(image_size, training, None, with_names, antialias=False, batched=False)
     ds = ds.map(fn, num_parallel_calls=AUTOTUNE, deterministic=False)
     return ds.batch(batch_size, drop_remainder=training).prefetch(AUTOTUNE)
 

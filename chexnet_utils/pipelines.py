@@ -190,7 +190,7 @@ def preprocess_batch(image_bytes: Any, labels: Any, image_size: int, training: b
     return images, labels
 
 
-def _example_fn(image_size: int, training: bool, seed: int | None, with_names: bool,
+def example_fn(image_size: int, training: bool, seed: int | None, with_names: bool,
                 antialias: bool, batched: bool):  # type: ignore[no-untyped-def]
     """The map function: serialized record(s) -> ``(image, label[, name])``."""
     from chexnet_utils.tfrecords import parse_example
@@ -295,7 +295,7 @@ def old_approach(files: Files, batch_size: int, image_size: int, training: bool 
     names = _check_common(files, batch_size, image_size, num_workers, worker_index)
     repeat = training if repeat is None else repeat
     ds = tf.data.TFRecordDataset(names)
-    ds = ds.map(_example_fn(image_size, training, seed, with_names, antialias, batched=False))
+    ds = ds.map(example_fn(image_size, training, seed, with_names, antialias, batched=False))
     ds = ds.shard(num_workers, worker_index)
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
@@ -473,7 +473,7 @@ def new_approach(files: Files, batch_size: int, image_size: int, training: bool 
 
     # Upstream of a record-level shard every worker must see the same order.
     upstream_deterministic = o.deterministic or not o.shard_files_first
-    fn = _example_fn(image_size, training, seed, with_names, antialias,
+    fn = example_fn(image_size, training, seed, with_names, antialias,
                      batched=o.vectorized_map)
     map_calls = o.num_parallel_calls if o.parallel_map else None
 
@@ -552,9 +552,9 @@ def accelerator_device(gpus: Sequence[Any] | None = None) -> str | None:
     (after pinning by local rank it sees exactly one, as GPU 0), ``None`` on a CPU-only
     process. ``gpus`` defaults to TensorFlow's visible GPUs (tests pass a fake list)."""
     if gpus is None:
-        import tensorflow as tf
+        from chexnet_utils.accelerator import process_gpus
 
-        gpus = tf.config.get_visible_devices("GPU")
+        gpus = process_gpus()
     return "/gpu:0" if len(gpus) > 0 else None
 
 
