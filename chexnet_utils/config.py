@@ -8,6 +8,12 @@
     GPU) or ``gpu-node`` (a node with several GPUs and the real data set).
 ``CHEXNET_WORK_DIR``
     Where derived files (TFRecords, checkpoints, logs, figures) go; default ``build/``.
+``CHEXNET_EPOCHS``, ``CHEXNET_BENCH_BATCHES``, ``CHEXNET_BENCH_REPEATS``, ``CHEXNET_BENCH_STEPS``, ``CHEXNET_ACCEL_MS``, ``CHEXNET_WORKERS``
+    Override one field of the preset (:data:`OVERRIDES`): epochs of the training notebooks,
+    batches timed per input-pipeline measurement, repeats of each measurement, training steps
+    timed per throughput measurement, the emulated accelerator's milliseconds per step and
+    the largest number of Horovod engines. :func:`scale` resolves them; notebooks read the
+    preset's fields and nothing else.
 ``CHEXNET_MIXED_PRECISION``, ``CHEXNET_XLA``
     ``on`` / ``off`` / ``auto`` (default): mixed precision and XLA, on where the process has a
     GPU (:mod:`chexnet_utils.accelerator`). On a GPU node the notebooks start one worker per
@@ -18,7 +24,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -41,6 +48,14 @@ class Scale:
     """Largest number of Horovod engines the notebooks start."""
     shard_size: int | None
     """Images per TFRecord shard (``None``: about 100 MB per shard, TF's usual advice)."""
+    bench_batches: int = 10
+    """Batches timed per input-pipeline measurement (notebooks 02 and 06)."""
+    bench_repeats: int = 3
+    """Runs per measurement; the median is reported (notebooks 02 and 03)."""
+    bench_steps: int = 8
+    """Training steps timed per images/s measurement (notebooks 03 and 04)."""
+    accel_ms: float = 20.0
+    """Milliseconds of emulated accelerator work per step (notebooks 04 and 06)."""
 
 
 SCALES: dict[str, Scale] = {
@@ -51,8 +66,18 @@ SCALES: dict[str, Scale] = {
                          shard_size=256),
     "gpu-node": Scale("gpu-node", n_images=20000, source_size=1024, image_size=224,
                       arch="densenet121", batch_size=32, epochs=10, max_workers=8,
-                      shard_size=None),
+                      shard_size=None, bench_batches=50, bench_steps=50),
 }
+
+OVERRIDES: dict[str, tuple[str, type]] = {
+    "CHEXNET_EPOCHS": ("epochs", int),
+    "CHEXNET_BENCH_BATCHES": ("bench_batches", int),
+    "CHEXNET_BENCH_REPEATS": ("bench_repeats", int),
+    "CHEXNET_BENCH_STEPS": ("bench_steps", int),
+    "CHEXNET_ACCEL_MS": ("accel_ms", float),
+    "CHEXNET_WORKERS": ("max_workers", int),
+}
+"""Environment variable -> (field of :class:`Scale`, type); applied by :func:`scale`."""
 
 
 def repo_root() -> Path:
@@ -64,9 +89,31 @@ def scale(name: str | None = None) -> Scale:
     """The preset named by ``name`` or ``CHEXNET_SCALE`` (default ``ci``)."""
     key = (name or os.environ.get("CHEXNET_SCALE") or "ci").strip().lower()
     try:
-        return SCALES[key]
+        preset = SCALES[key]
     except KeyError:
         raise ValueError(f"CHEXNET_SCALE={key!r} is not one of {sorted(SCALES)}") from None
+    return with_overrides(preset, os.environ)
+
+
+def with_overrides(preset: Scale, env: Mapping[str, str]) -> Scale:
+    """``preset`` with the fields named in :data:`OVERRIDES` taken from ``env`` where set.
+
+    Raises ``ValueError`` naming the variable when a value does not parse or is not positive
+    (``CHEXNET_ACCEL_MS=0`` is allowed: no emulated accelerator).
+    """
+    changes: dict[str, int | float] = {}
+    for var, (field, kind) in OVERRIDES.items():
+        raw = env.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ValueError(f"{var}={raw!r} is not a number ({kind.__name__})") from None
+        if value < 0 or (value == 0 and field != "accel_ms"):
+            raise ValueError(f"{var}={raw!r} must be positive")
+        changes[field] = value
+    return replace(preset, **changes) if changes else preset
 
 
 def data_dir(s: Scale | None = None) -> Path:
