@@ -24,6 +24,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,18 @@ class Placement:
     local_size: int
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (respects taskset / cgroup affinity)."""
+def usable_cpus() -> tuple[int, ...]:
+    """The cores this process may run on, sorted (``os.sched_getaffinity``: respects taskset /
+    cgroup pinning, unlike ``os.cpu_count``); all of ``os.cpu_count()`` where the platform
+    cannot say."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on (:func:`usable_cpus`)."""
+    return len(usable_cpus())
 
 
 def cpu_thread_budget(local_size: int, cores: int | None = None) -> int:
@@ -127,32 +135,59 @@ def parse_nvidia_smi_list(text: str) -> list[GpuDevice]:
     return gpus
 
 
-def _nvml_gpus() -> list[GpuDevice] | None:
-    """GPUs from NVML, or ``None`` when ``pynvml`` or the driver is missing."""
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be asked: ``nvidia-ml-py`` is not installed or the driver does not answer."""
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nvml_inventory(nvml: Any | None = None) -> list[GpuDevice]:
+    """Every GPU NVML lists (index, name, UUID), NVML shut down again afterwards.
+
+    ``nvml`` replaces the ``pynvml`` module (tests pass a fake). Raises
+    :class:`NvmlUnavailable` with the reason when the package is missing or ``nvmlInit``
+    fails (no driver library: a CPU machine); errors while listing propagate.
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml  # nvidia-ml-py
+        except ImportError:
+            raise NvmlUnavailable("the nvidia-ml-py package is not installed") from None
     try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # pynvml.NVMLError: no driver / library on this machine
-        return None
+        nvml.nvmlInit()
+    except Exception as e:  # pynvml.NVMLError: no driver library, no device, ...
+        raise NvmlUnavailable(str(e) or type(e).__name__) from e
     try:
         found = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(handle)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            found.append(GpuDevice(i, name.decode() if isinstance(name, bytes) else name,
-                                   uuid.decode() if isinstance(uuid, bytes) else uuid))
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = nvml.nvmlDeviceGetUUID(handle) if hasattr(nvml, "nvmlDeviceGetUUID") else ""
+            found.append(GpuDevice(i, _text(nvml.nvmlDeviceGetName(handle)), _text(uuid)))
         return found
-    except Exception:
-        return None
     finally:
         try:
-            pynvml.nvmlShutdown()
+            nvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def run_nvidia_smi(args: Sequence[str],
+                   run: Callable[..., subprocess.CompletedProcess[str]] | None = None
+                   ) -> str | None:
+    """The standard output of ``nvidia-smi *args``, or ``None`` when there is no
+    ``nvidia-smi``, it cannot be started, times out (30 s) or fails (no GPU / no driver).
+    ``run`` replaces :func:`subprocess.run` (tests)."""
+    if run is None:
+        if shutil.which("nvidia-smi") is None:
+            return None
+        run = subprocess.run
+    try:
+        out = run(["nvidia-smi", *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
 
 
 def physical_gpus(run: Callable[..., subprocess.CompletedProcess[str]] | None = None
@@ -163,17 +198,12 @@ def physical_gpus(run: Callable[..., subprocess.CompletedProcess[str]] | None = 
     ``run`` replaces :func:`subprocess.run` (tests); passing it skips NVML.
     """
     if run is None:
-        listed = _nvml_gpus()
-        if listed is not None:
-            return listed
-        if shutil.which("nvidia-smi") is None:
-            return []
-        run = subprocess.run
-    try:
-        out = run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return parse_nvidia_smi_list(out.stdout) if out.returncode == 0 else []
+        try:
+            return nvml_inventory()
+        except Exception:  # NvmlUnavailable, or NVML failed while listing
+            pass
+    text = run_nvidia_smi(["-L"], run)
+    return parse_nvidia_smi_list(text) if text is not None else []
 
 
 def visible_gpus(env: Mapping[str, str] | None = None,

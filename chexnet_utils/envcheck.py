@@ -18,6 +18,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from chexnet_utils.devices import usable_cores
+
 PACKAGES: tuple[str, ...] = (
     "tensorflow-cpu",
     "tensorflow",
@@ -107,8 +109,7 @@ def environment_report() -> dict[str, Any]:
         "executable": sys.executable,
         "platform": platform.platform(),
         "cpu_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
+        "usable_cores": usable_cores(),
         "mpi": mpi_version(),
         "packages": package_versions(),
         "tensorflow": tf_facts,

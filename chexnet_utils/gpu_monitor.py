@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from chexnet_utils.devices import NvmlUnavailable, nvml_inventory
+
 NO_GPU = "no NVIDIA GPU / NVML not available"
 """Start of :attr:`NvmlStatus.reason` when nothing can be sampled."""
 
@@ -57,26 +59,12 @@ def _load(nvml: Any | None) -> Any:
     return pynvml
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def nvml_status(nvml: Any | None = None) -> NvmlStatus:
     """Can NVML be used here? ``nvml`` replaces the ``pynvml`` module (tests pass a fake)."""
     try:
-        lib = _load(nvml)
-    except ImportError:
-        return NvmlStatus(False, f"{NO_GPU}: the nvidia-ml-py package is not installed")
-    try:
-        lib.nvmlInit()
-    except Exception as e:  # pynvml.NVMLError: no driver library, no device, ...
-        return NvmlStatus(False, f"{NO_GPU}: {e or type(e).__name__}")
-    try:
-        count = lib.nvmlDeviceGetCount()
-        names = tuple(_text(lib.nvmlDeviceGetName(lib.nvmlDeviceGetHandleByIndex(i)))
-                      for i in range(count))
-    finally:
-        lib.nvmlShutdown()
+        names = tuple(gpu.name for gpu in nvml_inventory(nvml))
+    except NvmlUnavailable as e:
+        return NvmlStatus(False, f"{NO_GPU}: {e}")
     if not names:
         return NvmlStatus(False, f"{NO_GPU}: the NVIDIA driver reports no GPU")
     return NvmlStatus(True, f"{len(names)} GPU(s): {', '.join(sorted(set(names)))}", names)

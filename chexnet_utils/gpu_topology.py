@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from chexnet_utils.devices import run_nvidia_smi
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -105,15 +106,8 @@ def read_topology(run: Callable[..., subprocess.CompletedProcess[str]] | None = 
                   ) -> str | None:
     """The text of ``nvidia-smi topo -m`` on this machine, or ``None`` (no ``nvidia-smi`` or
     it failed: no GPU). ``run`` replaces :func:`subprocess.run` (tests)."""
-    if run is None:
-        if shutil.which("nvidia-smi") is None:
-            return None
-        run = subprocess.run
-    try:
-        out = run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout if out.returncode == 0 and "CPU Affinity" in out.stdout else None
+    text = run_nvidia_smi(["topo", "-m"], run)
+    return text if text is not None and "CPU Affinity" in text else None
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from chexnet_utils.devices import usable_cpus
 from chexnet_utils.processes import set_parent_death_signal, wait_gone
 
 if TYPE_CHECKING:
@@ -95,6 +96,24 @@ class ServiceProcess:
     @property
     def address(self) -> str:
         return f"{HOST}:{self.port}"
+
+
+def _role_command(role: str, args: Sequence[str], cpus: Sequence[int] | None = None,
+                  extra_env: Mapping[str, str] | None = None
+                  ) -> tuple[list[str], dict[str, str]]:
+    """Command line and environment of one of this module's processes (``dispatcher``,
+    ``worker``, ``trainer``): this interpreter, ``--parent`` this process (its lifeline),
+    pinned to ``cpus`` if given. The environment carries ``CHEXNET_LIFELINE`` (so the
+    command's watchdog sees the child) and quiet TensorFlow logs unless ``extra_env`` says
+    otherwise."""
+    cmd = [sys.executable, "-m", "chexnet_utils.tfdata_service", role,
+           "--parent", str(os.getpid()), *args]
+    if cpus is not None:
+        cmd += ["--cpus", ",".join(map(str, cpus))]
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra_env or {})
+    return cmd, env
 
 
 def port_open(port: int, host: str = HOST, timeout: float = 0.5) -> bool:
@@ -169,13 +188,7 @@ class TFDataService:
     def _launch(self, role: str, args: list[str], cpus: Iterable[int] | None
                 ) -> tuple[subprocess.Popen[str], tuple[int, ...] | None]:
         cpu_t = tuple(sorted(cpus)) if cpus is not None else None
-        cmd = [sys.executable, "-m", "chexnet_utils.tfdata_service", role,
-               "--parent", str(os.getpid()), *args]
-        if cpu_t is not None:
-            cmd += ["--cpus", ",".join(map(str, cpu_t))]
-        env = dict(os.environ)  # carries CHEXNET_LIFELINE: the command's watchdog sees it
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        env.update(self.env or {})
+        cmd, env = _role_command(role, args, cpu_t, self.env)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 stdin=subprocess.DEVNULL, text=True, env=env)
         return proc, cpu_t
@@ -452,7 +465,7 @@ def bench_service(tfrecords_dir: str | os.PathLike[str], image_size: int = 128,
     trainer_cpus, worker_cpus = tuple(trainer_cpus), tuple(worker_cpus)
     if set(trainer_cpus) & set(worker_cpus):
         raise ValueError("trainer and service worker must run on different cores")
-    avail = os.sched_getaffinity(0)
+    avail = set(usable_cpus())
     if not set(trainer_cpus) | set(worker_cpus) <= avail:
         raise ValueError(f"cores {sorted(set(trainer_cpus) | set(worker_cpus))} not all "
                          f"available (this process may use {sorted(avail)})")
@@ -461,13 +474,11 @@ def bench_service(tfrecords_dir: str | os.PathLike[str], image_size: int = 128,
     with TFDataService(num_workers=1, worker_cpus=[worker_cpus],
                        dispatcher_cpus=worker_cpus) as svc:
         say(f"trainer on core(s) {list(trainer_cpus)}: measuring c, d, then local vs service")
-        cmd = [sys.executable, "-m", "chexnet_utils.tfdata_service", "trainer",
-               "--parent", str(os.getpid()), "--cpus", ",".join(map(str, trainer_cpus)),
-               "--tfrecords", str(tfrecords_dir), "--target", svc.target,
-               "--image-size", str(image_size), "--batch-size", str(batch_size),
-               "--steps", str(n_steps), "--warmup", str(warmup), "--repeats", str(repeats),
-               "--split", split, "--mode", processing_mode, "--arch", arch]
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        cmd, env = _role_command("trainer", [
+            "--tfrecords", str(tfrecords_dir), "--target", svc.target,
+            "--image-size", str(image_size), "--batch-size", str(batch_size),
+            "--steps", str(n_steps), "--warmup", str(warmup), "--repeats", str(repeats),
+            "--split", split, "--mode", processing_mode, "--arch", arch], trainer_cpus)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         stop_report = svc.stop()
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]

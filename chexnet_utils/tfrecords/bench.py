@@ -3,13 +3,13 @@ worker processes side by side (``python -m chexnet_utils bench conversion``)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
 import numpy as np
 
+from chexnet_utils.devices import usable_cores
 from chexnet_utils.tfrecords.convert import convert_dataset
 
 __all__ = ["bench_conversion", "format_bench_conversion"]
@@ -31,7 +31,7 @@ def bench_conversion(data_dir: Path | str, work_dir: Path | str,
     import shutil
     import tempfile
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     counts = list(workers) if workers else sorted({1, int(cores or 1)})
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
