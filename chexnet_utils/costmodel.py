@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from chexnet_utils.atomic import write_text_atomic
+
 REPORTED_HOROVOD_2018: dict[str, dict[str, float]] = {
     "Inception V3": {"gpus": 512, "efficiency": 0.90, "params_millions": 23.8},
     "ResNet-101": {"gpus": 512, "efficiency": 0.90, "params_millions": 44.5},
@@ -304,7 +306,5 @@ def chexnet_gradient_sizes(archs: Sequence[str] = ("densenet121", "resnet50"),
         known[arch] = gradient_sizes(arch)
     if missing:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(known), encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(known), fsync=False)
     return {a: known[a] for a in archs}
