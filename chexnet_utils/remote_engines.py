@@ -1,0 +1,195 @@
+"""Engines on other hosts: the controller on one interface, CurveZMQ on, keys kept private.
+
+On one machine :class:`~chexnet_utils.distributed.MPICluster` keeps everything on loopback.
+Once engines run on other hosts, the controller must listen on a network interface, and then
+three things matter:
+
+1. **Listen on that interface only** (``ip``), never on ``0.0.0.0``: nothing on other
+   networks of the machine can reach the controller.
+2. **Encrypt** with CurveZMQ (ipyparallel's ``IPP_ENABLE_CURVE=1``): the controller makes a
+   key pair, writes its *public* key into the connection files, and every engine and client
+   that reads them encrypts its ZeroMQ connections (each makes a key pair of its own). Without
+   it, code, arguments and results cross the network in plain text (pickles: readable and
+   forgeable by anyone on the path).
+3. **Keep the connection files private** (folder 0700, files 0600): they carry the key and
+   the addresses; a client without the server key cannot even complete the handshake.
+
+``launch`` is the command prefix that runs a program on the engines' host: ``["ssh",
+"node17"]`` on a cluster, ``["ip", "netns", "exec", "nodeB"]`` for a simulated host here
+(:mod:`chexnet_utils.netns`). The engine connection file must be readable there (a shared
+home directory on a cluster; the same file system here)::
+
+    with RemoteEngines(ip="10.77.0.1", n=1, launch=["ip", "netns", "exec", "nodeB"]) as rc:
+        rc.view.apply_sync(socket.gethostname)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from chexnet_utils.processes import alive, wait_gone
+
+
+class RemoteEngines:
+    """A controller on ``ip`` (CurveZMQ on unless ``curve=False``) and ``n`` engines started
+    with ``launch``; a context manager that always tears everything down."""
+
+    def __init__(self, ip: str, n: int = 1, launch: Sequence[str] = (), curve: bool = True,
+                 engine_timeout: float = 60, env: Mapping[str, str] | None = None) -> None:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if ip in ("0.0.0.0", "*", "::"):
+            raise ValueError("name the interface's address: listening on every interface "
+                             "exposes the controller to all networks of this machine")
+        self.ip, self.n, self.launch, self.curve = ip, n, list(launch), curve
+        self.engine_timeout = engine_timeout
+        self.env = dict(env or {})
+        self.cluster: Any = None
+        self.client: Any = None
+        self.view: Any = None
+        self.profile_dir: str | None = None
+        self.engines: list[subprocess.Popen[bytes]] = []
+        self.engine_pids: list[int] = []
+
+    # -- connection files ------------------------------------------------------------------
+    def connection_file(self, kind: str) -> str:
+        """Path of the controller's ``engine`` or ``client`` connection file."""
+        assert self.profile_dir is not None, "not started"
+        found = glob.glob(os.path.join(self.profile_dir, "security", f"*{kind}.json"))
+        if not found:
+            raise FileNotFoundError(f"no {kind} connection file in {self.profile_dir}")
+        return found[0]
+
+    def _wait_for_files(self, deadline: float) -> None:
+        while True:
+            try:
+                for kind in ("engine", "client"):
+                    self.connection_file(kind)
+                return
+            except FileNotFoundError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the controller wrote no connection files") from None
+                time.sleep(0.05)
+
+    def _secure_files(self) -> None:
+        assert self.profile_dir is not None
+        for root, _dirs, files in os.walk(self.profile_dir):
+            for name in files:
+                os.chmod(os.path.join(root, name), 0o600)
+
+    def server_key(self) -> str | None:
+        """The controller's public CurveZMQ key from the client file (``None``: curve off)."""
+        with open(self.connection_file("client"), encoding="utf-8") as f:
+            return json.load(f).get("curve_serverkey")
+
+    # -- life cycle ------------------------------------------------------------------------
+    def start(self) -> RemoteEngines:
+        """Start the controller, then the engines through ``launch``; wait for all ``n``."""
+        import ipyparallel as ipp
+        from traitlets.config import Config
+
+        if self.cluster is not None:
+            raise RuntimeError("already started")
+        self.profile_dir = tempfile.mkdtemp(prefix="chexnet-remote-")  # mode 0700
+        cfg = Config()
+        cfg.LocalControllerLauncher.environment = {
+            **self.env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
+        self.cluster = ipp.Cluster(profile_dir=self.profile_dir, controller_ip=self.ip, n=0,
+                                   config=cfg, log_level=40, shutdown_atexit=True)
+        try:
+            self.cluster.start_controller_sync()
+            self._wait_for_files(time.monotonic() + self.engine_timeout)
+            self._secure_files()
+            engine_file = self.connection_file("engine")
+            env = {**os.environ, **self.env}
+            self.engines = [subprocess.Popen(
+                [*self.launch, sys.executable, "-m", "ipyparallel.engine",
+                 f"--file={engine_file}", "--log-level=40"],
+                env=env, stdin=subprocess.DEVNULL) for _ in range(self.n)]
+            self.client = self.cluster.connect_client_sync()
+            self.client.wait_for_engines(self.n, timeout=self.engine_timeout)
+            self.view = self.client.broadcast_view()
+            self.view.block = True
+            self.engine_pids = [int(p) for p in self.view.apply_sync(os.getpid)]
+            self._secure_files()  # and whatever the client wrote since
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def controller_listening(self) -> set[str]:
+        """Addresses the controller's processes listen on (should be just ``{ip}``)."""
+        import psutil
+
+        pids = [self.cluster.controller.process.pid] if self.cluster is not None and \
+            self.cluster.controller is not None and self.cluster.controller.process else []
+        found: set[str] = set()
+        for pid in pids:
+            try:
+                procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for proc in procs:
+                try:
+                    found.update(c.laddr.ip for c in proc.net_connections("inet")
+                                 if c.status == psutil.CONN_LISTEN)
+                except psutil.NoSuchProcess:
+                    pass
+        return found
+
+    def stop(self, timeout: float = 10) -> list[int]:
+        """Shut engines and controller down, kill stragglers, delete the keys; returns the pids
+        still alive afterwards (``[]`` when all is gone)."""
+        import psutil
+
+        started = [p.pid for p in self.engines] + self.engine_pids
+        if self.client is not None:
+            try:
+                self.client.shutdown(hub=False, block=True, targets="all")
+            except Exception:  # engines already gone, or never registered
+                pass
+            self.client.close()
+            self.client = None
+        for proc in self.engines:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=timeout)
+        if self.cluster is not None:
+            ctl = self.cluster.controller
+            if ctl is not None and getattr(ctl, "process", None) is not None:
+                started.append(ctl.process.pid)
+            try:
+                self.cluster.stop_cluster_sync()
+            except Exception:
+                pass
+            self.cluster = None
+        leftovers = []
+        for pid in alive(started):
+            try:
+                leftovers.append(psutil.Process(pid))
+                leftovers[-1].kill()
+            except psutil.NoSuchProcess:
+                pass
+        wait_gone(leftovers, timeout)
+        if self.profile_dir is not None:
+            shutil.rmtree(self.profile_dir, ignore_errors=True)
+            self.profile_dir = None
+        self.engines, self.view = [], None
+        return alive(started)
+
+    def __enter__(self) -> RemoteEngines:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,96 @@
+"""Engines on another (simulated) host: the controller listens on that link only, CurveZMQ
+encrypts the traffic, and a client without the server key cannot connect.
+
+The other host is a network namespace joined to this one by a veth pair with addresses from
+a private range that exists only inside this machine; everything is removed at the end
+(checked by name) and no engine or controller process is left (checked by pid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+from chexnet_utils.processes import alive
+from chexnet_utils.remote_engines import RemoteEngines
+from chexnet_utils.sniff import PacketCapture
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                reason="needs root and iproute2 (network namespaces)")
+
+HOST_IP, NODE_IP = "10.78.0.1", "10.78.0.2"
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def _names() -> tuple[str, str, str]:
+    tag = uuid.uuid4().hex[:6]
+    return f"cvns{tag}", f"cvh{tag}", f"cvn{tag}"
+
+
+@pytest.fixture
+def other_host():
+    """A namespace ``ns`` reachable at NODE_IP through veth ``host_if`` (HOST_IP here)."""
+    ns, host_if, node_if = _names()
+    try:
+        _ip("netns", "add", ns)
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", node_if)
+        _ip("link", "set", node_if, "netns", ns)
+        _ip("addr", "add", f"{HOST_IP}/24", "dev", host_if)
+        _ip("link", "set", host_if, "up")
+        for args in (["addr", "add", f"{NODE_IP}/24", "dev", node_if],
+                     ["link", "set", node_if, "up"], ["link", "set", "lo", "up"]):
+            _ip("netns", "exec", ns, "ip", *args)
+        yield ns, host_if
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert host_if not in links
+        assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                        text=True).stdout
+
+
+def _echo(text: str) -> str:
+    return text + "!"
+
+
+@pytest.mark.parametrize("curve", [True, False], ids=["curve", "plaintext"])
+def test_marker_on_the_wire_only_without_curve(other_host, curve):
+    ns, host_if = other_host
+    marker = f"MARKER-{uuid.uuid4().hex}"
+    with RemoteEngines(HOST_IP, n=1, launch=["ip", "netns", "exec", ns], curve=curve) as rc:
+        listening = rc.controller_listening()
+        # that interface only: no wildcard; loopback carries the controller's own processes
+        assert {a for a in listening if not a.startswith("127.")} == {HOST_IP}
+        assert (rc.server_key() is not None) == curve
+        assert os.stat(rc.profile_dir).st_mode & 0o777 == 0o700
+        for kind in ("engine", "client"):                   # the files that carry the key
+            assert os.stat(rc.connection_file(kind)).st_mode & 0o777 == 0o600
+        with PacketCapture(host_if) as cap:
+            assert rc.view.apply_sync(_echo, marker) == [marker + "!"]
+        pids = [*rc.engine_pids, *(p.pid for p in rc.engines)]
+    assert cap.frames > 0                                   # the engine's traffic crossed the link
+    assert cap.contains(marker) is (not curve)              # plain text exactly when curve is off
+    assert alive(pids) == []
+
+
+def test_client_without_the_server_key_cannot_connect(other_host, tmp_path):
+    import ipyparallel as ipp
+
+    ns, _ = other_host
+    with RemoteEngines(HOST_IP, n=1, launch=["ip", "netns", "exec", ns]) as rc:
+        info = json.loads(open(rc.connection_file("client")).read())
+        info.pop("curve_serverkey")
+        stolen = tmp_path / "no-key.json"
+        stolen.write_text(json.dumps(info))
+        with pytest.raises(TimeoutError):
+            ipp.Client(str(stolen), timeout=3)
+        assert rc.client.ids == [0]                         # the real client still works
