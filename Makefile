@@ -17,7 +17,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup test unit notebooks tutorial lab browser-check data bench fresh-check gpu-build-check clean distclean
+.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench fresh-check gpu-build-check clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
@@ -38,8 +38,17 @@ test: setup
 	$(PY) -m pytest tests $(NOTEBOOKS) --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=0 $(PYTEST_ARGS)
 
+# The test layers (tests/conftest.py marks each test with its folder): `make unit` is the
+# fast pure layer (no TensorFlow, no MPI; under a minute), `make tf` the in-process
+# TensorFlow tests, `make mpi` the MPI, engine, service and kill tests. `make test` runs all.
 unit: setup
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+tf: setup
+	$(PY) -m pytest tests/tf $(PYTEST_ARGS)
+
+mpi: setup
+	$(PY) -m pytest tests/mpi $(PYTEST_ARGS)
 
 notebooks: setup
 	$(PY) -m pytest $(NOTEBOOKS) --nbval-lax --nbval-current-env \
@@ -79,7 +88,7 @@ lab: setup
 # The same JupyterLab headless; Chromium opens each notebook, checks its title and kernel,
 # and saves build/browser/NN_*.png (also part of `make test`).
 browser-check: setup
-	$(PY) -m pytest tests/test_browser.py $(PYTEST_ARGS)
+	CHEXNET_BROWSER_SHOTS=$(BUILD)/browser $(PY) -m pytest tests/notebooks/test_browser.py $(PYTEST_ARGS)
 
 # The README's commands on a bare Debian 12 (debootstrap minbase + python3 make git
 # ca-certificates): make setup and notebook 00 in a chroot of this commit, then everything
@@ -100,3 +109,14 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV) .venv-gpu data/synthetic-*
+
+# A real Slurm on this machine (chexnet_utils/slurm_local.py; needs root and slurm-wlm +
+# munge, which `make setup` installs as root): munged, slurmctld and slurmd on loopback with
+# everything in $(BUILD)/slurm, the node idle, then it prints how to use it (export
+# SLURM_CONF=..., sinfo, sbatch scripts/slurm_horovod.sbatch) and runs until Ctrl-C, which
+# cancels the jobs and stops every daemon. SLURM_ARGS=up / status / down: start and return,
+# show, stop.
+.PHONY: slurm
+SLURM_ARGS ?= run
+slurm: setup
+	$(PY) -m chexnet_utils.slurm_local $(SLURM_ARGS) --dir $(BUILD)/slurm

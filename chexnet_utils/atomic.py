@@ -7,8 +7,16 @@ folder, flushed to disk, and renamed over the target (``os.replace`` is atomic o
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import re
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_NUMBER_LIST = re.compile(r"\[\s*(-?[0-9.eE+-]+(?:,\s*-?[0-9.eE+-]+)*)\s*\]")
 
 
 def write_text_atomic(path: Path | str, text: str, tmp: Path | str | None = None,
@@ -31,3 +39,34 @@ def write_text_atomic(path: Path | str, text: str, tmp: Path | str | None = None
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def json_safe(obj: Any) -> Any:
+    """NaN/inf -> None, numpy scalars -> Python, paths -> str, recursively (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json_atomic(path: Path | str, obj: Any, tmp: Path | str | None = None,
+                      indent: int = 2, inline_number_lists: bool = False) -> None:
+    """Write ``obj`` as strict JSON (:func:`json_safe`: NaN as ``null``) atomically.
+
+    ``inline_number_lists`` keeps lists of numbers on one line inside the indented text
+    (manifests with per-shard label sums stay readable). ``tmp`` as in
+    :func:`write_text_atomic`.
+    """
+    text = json.dumps(json_safe(obj), indent=indent, allow_nan=False)
+    if inline_number_lists:
+        text = _NUMBER_LIST.sub(
+            lambda m: "[" + ", ".join(m.group(1).replace(",", " ").split()) + "]", text)
+    write_text_atomic(path, text + "\n", tmp=tmp)

@@ -16,7 +16,9 @@ Commands
                ``bench service`` a one-core trainer decoding locally vs fed by a tf.data
                service worker on another core (predicted vs measured speed-up);
                ``bench gpu-node`` trains CheXNet on 1..N GPUs (images/s, speed-up,
-               efficiency beside published reference points; exit 3 without a GPU)
+               efficiency beside published reference points; exit 3 without a GPU);
+               ``bench link`` Horovod across two network namespaces (root; exit 3
+               otherwise)
 ``train``      train CheXNet (or the small CPU model) on converted TFRecords; writes
                checkpoints, logs and metrics.json, prints the test mean AUROC
 """
@@ -251,6 +253,44 @@ def _cmd_bench_gpu_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_run_options(b: argparse.ArgumentParser, image_size: int | None,
+                     timed: tuple[str, int, str], warmup: int, repeats: tuple[int, str]
+                     ) -> None:
+    """The options of a benchmark made of timed runs (``bench pipelines``, ``bench
+    service``): which shards, the model input, and how many timed and untimed units
+    (``timed``: flag, default, unit such as "batches") and runs (``repeats``: default, what
+    a run is)."""
+    flag, n, unit = timed
+    size_default = f" {image_size}" if image_size else ": the scale preset's"
+    b.add_argument("--split", default="train", help="which shards to read (default train)")
+    b.add_argument("--image-size", type=int, default=image_size, metavar="PX",
+                   help=f"model input side (default{size_default})")
+    b.add_argument("--batch-size", type=int, default=16, metavar="N", help="default 16")
+    b.add_argument(flag, type=int, default=n, metavar="N",
+                   help=f"timed {unit} per run (default {n})")
+    b.add_argument("--warmup", type=int, default=warmup, metavar="N",
+                   help=f"untimed {unit} before each run (default {warmup})")
+    b.add_argument("--repeats", type=int, default=repeats[0], metavar="N",
+                   help=f"{repeats[1]} (default {repeats[0]})")
+
+
+def _cmd_bench_link(args: argparse.Namespace) -> int:
+    from chexnet_utils.linkbench import bench_link, format_link, link_unavailable
+
+    reason = link_unavailable()
+    if reason:
+        print(f"bench link: cannot build two network namespaces here: {reason}",
+              file=sys.stderr)
+        return 3
+    result = bench_link("quick" if args.quick else "full", rate_bit=args.rate_gbit * 1e9,
+                        launchers=args.launchers.split(",") if args.launchers else None,
+                        hierarchical=not args.no_hierarchical,
+                        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    print(format_link(result))
+    _write_json(args.json, result)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(prog="python -m chexnet_utils", description=__doc__,
@@ -329,21 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_verify)
 
     p = sub.add_parser("bench", help="measurements: bench pipelines | service | conversion | "
-                                     "scaling | gpu-node")
+                                     "scaling | gpu-node | link")
     bench = p.add_subparsers(dest="bench_command", required=True)
     b = bench.add_parser("pipelines", help="old vs new input pipeline on converted TFRecords")
     b.add_argument("--tfrecords", type=Path, required=True, help="converted folder")
     b.add_argument("--json", type=Path, required=True, help="write the results here")
-    b.add_argument("--split", default="train", help="which shards to read (default train)")
-    b.add_argument("--image-size", type=int, default=224, metavar="PX",
-                   help="model input side (default 224)")
-    b.add_argument("--batch-size", type=int, default=16, metavar="N", help="default 16")
-    b.add_argument("--batches", type=int, default=20, metavar="N",
-                   help="timed batches per run (default 20)")
-    b.add_argument("--repeats", type=int, default=3, metavar="N",
-                   help="timed runs per pipeline, alternating old/new (default 3)")
-    b.add_argument("--warmup", type=int, default=2, metavar="N",
-                   help="untimed batches before each run (default 2)")
+    _add_run_options(b, image_size=224, timed=("--batches", 20, "batches"), warmup=2,
+                     repeats=(3, "timed runs per pipeline, alternating old/new"))
     b.add_argument("--shuffle-buffer", type=int, default=256, metavar="N",
                    help="shuffle buffer of both pipelines (default 256)")
     b.add_argument("--ceiling-images", type=int, default=64, metavar="N",
@@ -361,16 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="converted full-size folder (default: build/tfrecords-full, made "
                         "if missing)")
     b.add_argument("--json", type=Path, default=None, help="write the results here")
-    b.add_argument("--split", default="train", help="which shards to read (default train)")
-    b.add_argument("--image-size", type=int, default=None, metavar="PX",
-                   help="model input side (default: the scale preset's)")
-    b.add_argument("--batch-size", type=int, default=16, metavar="N", help="default 16")
-    b.add_argument("--steps", type=int, default=30, metavar="N",
-                   help="timed steps per run (default 30)")
-    b.add_argument("--warmup", type=int, default=5, metavar="N",
-                   help="untimed steps before each run (default 5)")
-    b.add_argument("--repeats", type=int, default=2, metavar="N",
-                   help="alternating local/service runs (default 2)")
+    _add_run_options(b, image_size=None, timed=("--steps", 30, "steps"), warmup=5,
+                     repeats=(2, "alternating local/service runs"))
     b.add_argument("--mode", default="parallel_epochs",
                    choices=("parallel_epochs", "distributed_epoch"),
                    help="processing mode of the service (default parallel_epochs)")
@@ -430,6 +454,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="jit_compile (auto: on only with HOROVOD_ENABLE_XLA_OPS=1 under "
                         "Horovod; on sets it for the engines)")
     b.set_defaults(handler=_cmd_bench_gpu_node)
+
+    b = bench.add_parser("link", help="Horovod across two network namespaces joined by a "
+                                      "veth: crossed-link bytes, allreduce vs size, tc-shaped "
+                                      "link vs the alpha-beta model (root; exit 3 otherwise)")
+    b.add_argument("--json", type=Path, default=None, help="write the results here")
+    b.add_argument("--quick", action="store_true",
+                   help="notebook-sized run (16 MiB top, about a minute)")
+    b.add_argument("--rate-gbit", type=float, default=1.0,
+                   help="tbf rate of the shaped link in Gbit/s (default 1)")
+    b.add_argument("--launchers", default=None,
+                   help="comma list of mpirun, mpirun-rd, gloo (default: the preset's)")
+    b.add_argument("--no-hierarchical", action="store_true",
+                   help="skip the 2-ranks-per-node HOROVOD_HIERARCHICAL_ALLREDUCE runs")
+    b.set_defaults(handler=_cmd_bench_link)
 
     p = sub.add_parser("train", help="train CheXNet on converted TFRecords, write metrics.json")
     p.add_argument("--tfrecords", type=Path, required=True, help="converted folder")

@@ -9,8 +9,9 @@ Sending ``m`` bytes costs ``alpha + m * beta``: ``alpha`` is the latency of one 
 :func:`fit_alpha_beta` recovers ``alpha, beta`` from the times measured by
 :mod:`chexnet_utils.collectives` by least squares, :func:`predict_ring` / :func:`predict_ps`
 extrapolate to many workers, and :func:`scaling_efficiency_prediction` turns that into the
-scaling efficiency ``compute / (compute + exposed communication)``. :func:`algbw` /
-:func:`busbw` turn a time into a bandwidth.
+scaling efficiency ``compute / (compute + exposed communication)``
+(:func:`predict_efficiencies`: both algorithms for several models and worker counts at once).
+:func:`algbw` / :func:`busbw` turn a time into a bandwidth.
 
 Also here: the numpy walk-through of both algorithms (:func:`simulate_ring_allreduce`,
 :func:`simulate_parameter_server`), CheXNet's gradient sizes (:func:`gradient_sizes`,
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +309,28 @@ def chexnet_gradient_sizes(archs: Sequence[str] = ("densenet121", "resnet50"),
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(known), fsync=False)
     return {a: known[a] for a in archs}
+
+
+def predict_efficiencies(grad_bytes: Mapping[str, float], workers: Sequence[int],
+                         step_compute_s: float, alpha: float, beta: float,
+                         overhead_s: float = 0.0) -> dict[str, dict[str, Any]]:
+    """Ring and parameter-server predictions for every model and worker count.
+
+    ``grad_bytes`` maps a model name to the bytes of its gradient (one fused reduction per
+    step). Keys of the result are ``f"{model}_{n}"``; each value holds ``model``,
+    ``workers``, the predicted seconds of one reduction (``ring_s``, ``ps_s``, with
+    ``overhead_s`` once) and the scaling efficiencies (``ring_eff``, ``ps_eff``) of
+    :func:`scaling_efficiency_prediction` for ``step_compute_s`` of compute per step.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for model, size in grad_bytes.items():
+        for n in workers:
+            out[f"{model}_{n}"] = {
+                "model": model, "workers": n,
+                "ring_s": predict_ring(n, size, alpha, beta, overhead_s=overhead_s),
+                "ps_s": predict_ps(n, size, alpha, beta, overhead_s=overhead_s),
+                **{f"{alg}_eff": scaling_efficiency_prediction(
+                    n, size, step_compute_s, alpha, beta, alg, overhead_s=overhead_s)
+                   for alg in ("ring", "ps")},
+            }
+    return out

@@ -261,6 +261,7 @@ class MPICluster:
         self.last_outputs: list[str] = []
         self._tracked: set[int] = set()
         self._profile_dir: str | None = None
+        self.profile_parent: str | None = None  # where the private profile folder is made
         self.start_seconds: float | None = None
         self.stop_seconds: float | None = None
 
@@ -288,6 +289,14 @@ class MPICluster:
             args += ["--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
         return args + self.mpi_args
 
+    def _engine_launcher(self, cfg: object, env: Mapping[str, str]) -> str:
+        """Configure the engines' launcher in ``cfg`` (a traitlets ``Config``); return its
+        ipyparallel name. Here ``mpiexec`` on this machine; subclasses start engines
+        elsewhere (:class:`chexnet_utils.slurm_engines.SlurmCluster`: a Slurm job)."""
+        cfg.MPIEngineSetLauncher.mpi_args = self._mpiexec_args()  # type: ignore[attr-defined]
+        cfg.MPIEngineSetLauncher.environment = dict(env)  # type: ignore[attr-defined]
+        return "mpi"
+
     def start(self) -> "MPICluster":
         """Start the controller and the MPI engines; wait until all ``n`` engines are up."""
         import tempfile
@@ -299,15 +308,15 @@ class MPICluster:
         if self.cluster is not None:
             raise RuntimeError("cluster already started")
         t0 = time.perf_counter()
-        self._profile_dir = tempfile.mkdtemp(prefix="chexnet-ipp-")  # mode 0700
+        self._profile_dir = tempfile.mkdtemp(prefix="chexnet-ipp-",  # mode 0700
+                                             dir=self.profile_parent)
         os.chmod(self._profile_dir, 0o700)
         cfg = Config()
         env = self.env_overrides()
-        cfg.MPIEngineSetLauncher.mpi_args = self._mpiexec_args()
-        cfg.MPIEngineSetLauncher.environment = env
         cfg.LocalControllerLauncher.environment = env
         self.cluster = ipp.Cluster(
-            engines="mpi", n=self.n, profile_dir=self._profile_dir, config=cfg,
+            engines=self._engine_launcher(cfg, env), n=self.n, profile_dir=self._profile_dir,
+            config=cfg,
             controller_ip=self.controller_ip, engine_timeout=int(self.engine_timeout),
             shutdown_atexit=True, log_level=40,
             **({"controller_location": self.location} if self.location else {}))

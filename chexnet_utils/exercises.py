@@ -359,31 +359,13 @@ def check_resume_epoch(answer: int | None, epochs_done: int) -> bool:
             if _close(answer, epochs_done) else "") + ". Which one comes next?")
 
 
-def _find_layer(model: Any, name: str) -> Any:
-    """The layer called ``name`` (or at path ``"backbone/name"``), looked up in nested models."""
-    path = name.split("/")
-    if len(path) > 1:
-        for part in path:
-            model = model.get_layer(part)
-        return model
-    for layer in model.layers:
-        if layer.name == name:
-            return layer
-        if hasattr(layer, "layers"):
-            try:
-                return _find_layer(layer, name)
-            except ValueError:
-                pass
-    raise ValueError(f"no layer {name!r} in model {model.name!r}")
-
-
 def check_feature_map_side(answer: int | None, model: Any, layer_name: str) -> bool:
     """03, exercise 3: the side (height = width) of the feature map of ``layer_name`` in
     ``model``, i.e. the resolution of a Grad-CAM map computed there."""
-    from chexnet_utils.explain import last_conv_layer
+    from chexnet_utils.explain import find_layer
 
-    side = int(_find_layer(model, layer_name).output.shape[1])
-    last = int(_find_layer(model, last_conv_layer(model)).output.shape[1])
+    side = int(find_layer(model, layer_name).output.shape[1])
+    last = int(find_layer(model).output.shape[1])
     if _missing(answer, f"model.get_layer('backbone').get_layer('{layer_name}').output.shape"):
         return False
     return _verdict(

@@ -105,6 +105,22 @@ def _resolve(model: keras.Model, layer_name: str | None) -> str:
                      f"(the last one is {last_conv_layer(model)!r})")
 
 
+def layer_chain(model: keras.Model, path: str) -> list[Any]:
+    """The models along ``path`` (``"backbone/relu"``), then the layer it names:
+    ``[model, model.get_layer("backbone"), <relu layer>]``. Raises ``ValueError`` (Keras')
+    for a name that is not there."""
+    chain: list[Any] = [model]
+    for name in path.split(_SEP):
+        chain.append(chain[-1].get_layer(name))
+    return chain
+
+
+def find_layer(model: keras.Model, layer_name: str | None = None) -> Any:
+    """The feature-map layer ``layer_name`` names (a path, or a bare name at any nesting
+    depth, ``None`` for the last feature map; :func:`last_conv_layer` explains paths)."""
+    return layer_chain(model, _resolve(model, layer_name))[-1]
+
+
 def _grad_model(model: keras.Model, path: str) -> keras.Model:
     """A model ``image -> [feature map at path, model output]``.
 
@@ -116,14 +132,11 @@ def _grad_model(model: keras.Model, path: str) -> keras.Model:
     import keras
 
     parts = path.split(_SEP)
+    *chain, target = layer_chain(model, path)
     if len(parts) == 1:
-        return keras.Model(model.inputs, [model.get_layer(parts[0]).output, *model.outputs])
+        return keras.Model(model.inputs, [target.output, *model.outputs])
 
     # Nested: make the innermost model return the feature map too, then rebuild outwards.
-    chain = [model]
-    for name in parts[:-1]:
-        chain.append(chain[-1].get_layer(name))
-    target = chain[-1].get_layer(parts[-1])
     inner: keras.Model = keras.Model(chain[-1].inputs, [target.output, chain[-1].output])
     for depth in range(len(chain) - 2, -1, -1):
         outer, nested_name = chain[depth], parts[depth]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ __all__ = [
     "list_files_pipeline",
     "list_files_shard_overlap",
     "pydataset_rate",
+    "sleeping_step",
     "snapshot_pipeline",
     "with_options",
 ]
@@ -295,3 +296,20 @@ def pydataset_rate(dataset: Any, n_batches: int | None = None) -> dict[str, floa
     return {"img_per_s": n / wall, "cpu_cores_used": used / wall, "images": n,
             "seconds": wall}
 
+
+
+def sleeping_step(seconds: float) -> Callable[[Any], None]:
+    """A training step for an emulated accelerator: ``step(batch)`` sleeps ``seconds``.
+
+    Sleeping, like waiting for a GPU kernel, uses no CPU core, so the input pipeline keeps
+    every core, as it would on a GPU host. Pass it where a step function is expected
+    (``benchmark.record_timeline(ds, sleeping_step(0.02), n_steps)``). Raises ``ValueError``
+    for a negative duration.
+    """
+    if seconds < 0:
+        raise ValueError(f"seconds must be >= 0, got {seconds}")
+
+    def step(_batch: Any) -> None:
+        time.sleep(seconds)
+
+    return step

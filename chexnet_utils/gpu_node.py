@@ -20,9 +20,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from chexnet_utils.steptimer import StepConfig
 
 ARTICLE_GPU_COUNTS = (1, 2, 3, 4, 8)
 """The GPU counts of the Dell articles' figure (two PowerEdge C4140 nodes, 4 V100 each)."""
@@ -84,29 +86,10 @@ def gpu_counts(visible: int, requested: Sequence[int] | None = None) -> list[int
     return counts
 
 
-@dataclass(frozen=True)
-class GpuStepConfig:
-    """What each GPU worker trains and times (the same on every worker)."""
-
-    tfrecords: str
-    pipeline: str = "new"
-    arch: str = "densenet121"
-    image_size: int = 224
-    batch_size: int = 32
-    """Per GPU (the ``gpu-node`` scale's batch); the global batch is ``k`` times larger."""
-    warmup_steps: int = 20
-    """Untimed steps: tracing, XLA compilation, filling the pipeline's buffers."""
-    steps: int = 50
-    seed: int = 0
-    mixed_precision: bool | None = None
-    xla: bool | None = None
-    rank_cpus: tuple[tuple[int, ...], ...] = ()
-    """When set, local rank *i* binds itself to ``rank_cpus[i]`` first
-    (:attr:`~chexnet_utils.gpu_topology.BindingPlan.self_bind`)."""
-
-
-def gpu_throughput_on_engine(cfg: GpuStepConfig | dict[str, Any]) -> dict[str, Any]:
-    """Run on every Horovod worker: ``steps`` timed data-parallel training steps on its GPU.
+def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
+    """Run on every Horovod worker: ``steps`` timed data-parallel training steps on its GPU,
+    fed by ``cfg.pipeline`` over ``cfg.tfrecords`` (a
+    :class:`~chexnet_utils.steptimer.StepConfig`; ``batch_size`` is per GPU).
 
     Like :func:`chexnet_utils.scaling.throughput_on_engine` (same barrier-to-barrier clock,
     same gradient averaging and broadcast), with the GPU settings: the model built and
@@ -114,7 +97,7 @@ def gpu_throughput_on_engine(cfg: GpuStepConfig | dict[str, Any]) -> dict[str, A
     XLA, and the new pipeline's batches copied to the GPU ahead of time. Returns the rank,
     world size, the job's images/s, the switches and the timed window (``time.time()``).
     """
-    c = GpuStepConfig(**cfg) if isinstance(cfg, dict) else cfg
+    c = StepConfig.of(cfg)
     if c.rank_cpus:
         from chexnet_utils.gpu_topology import bind_this_process
 
@@ -127,16 +110,17 @@ def gpu_throughput_on_engine(cfg: GpuStepConfig | dict[str, Any]) -> dict[str, A
     from chexnet_utils.pipelines import accelerator_device, build_pipeline, to_accelerator
     from chexnet_utils.scaling import prepare_data_parallel_model, timed_window
     from chexnet_utils.tfrecords import list_shards
-    from chexnet_utils.training import init_world
+    from chexnet_utils.dataparallel import init_world
 
     rank, size = init_world(True)
     sw = resolve_switches(c.mixed_precision, c.xla, distributed=True)
     keras.utils.set_random_seed(c.seed)
     model = build_model(c.arch, c.image_size, mixed_precision=sw.mixed_precision)
     prepare_data_parallel_model(model, jit_compile=sw.xla)
+    shuffle = {} if c.shuffle_buffer is None else {"shuffle_buffer": c.shuffle_buffer}
     ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,
                         c.image_size, training=True, num_workers=size, worker_index=rank,
-                        seed=c.seed)
+                        seed=c.seed, **shuffle)
     if c.pipeline == "new":
         ds = to_accelerator(ds, accelerator_device())
     it = iter(ds)
@@ -148,7 +132,7 @@ def gpu_throughput_on_engine(cfg: GpuStepConfig | dict[str, Any]) -> dict[str, A
             "window": [wall0, wall0 + seconds]}
 
 
-RunOnGpus = Callable[[int, GpuStepConfig], Mapping[str, Any]]
+RunOnGpus = Callable[[int, StepConfig], Mapping[str, Any]]
 """``run(k, cfg)`` trains on ``k`` GPUs and returns rank 0's result (tests pass a fake)."""
 
 
@@ -158,7 +142,7 @@ def cluster_runner(binding_args: Sequence[str] = (), env: Mapping[str, str] | No
     ``k`` engines per count, started with ``binding_args`` (``mpirun`` mapping/binding)."""
     from chexnet_utils.distributed import MPICluster
 
-    def run(k: int, cfg: GpuStepConfig) -> Mapping[str, Any]:
+    def run(k: int, cfg: StepConfig) -> Mapping[str, Any]:
         with MPICluster(n=k, mpi_args=list(binding_args), env=dict(env or {})) as cluster:
             return cluster.run(gpu_throughput_on_engine, asdict(cfg), timeout=timeout,
                                stream_rank0=False)[0]
@@ -207,9 +191,9 @@ def bench_gpu_node(tfrecords: Path | str, gpus: Sequence[int] | None = None, *,
     runs: dict[str, Any] = {}
     for k in counts:
         args, rank_cpus, explanation = _binding_for(k, topology, physical)
-        cfg = GpuStepConfig(str(tfrecords), pipeline, arch, image_size, batch_size,
-                            warmup_steps, steps, mixed_precision=mixed_precision, xla=xla,
-                            rank_cpus=rank_cpus)
+        cfg = StepConfig(arch, image_size, batch_size, steps, warmup_steps,
+                         tfrecords=str(tfrecords), pipeline=pipeline,
+                         mixed_precision=mixed_precision, xla=xla, rank_cpus=rank_cpus)
         runner = run or cluster_runner(args, {"HOROVOD_ENABLE_XLA_OPS": "1"} if xla else None)
         res = dict(runner(k, cfg))
         rates[k] = float(res["img_per_s"])
@@ -270,8 +254,8 @@ def utilisation_old_vs_new(tfrecords: Path | str, *, arch: str = "densenet121",
     runner = run or cluster_runner()
     out: dict[str, Any] = {}
     for p in pipelines:
-        cfg = GpuStepConfig(str(tfrecords), p, arch, image_size, batch_size, warmup_steps,
-                            steps)
+        cfg = StepConfig(arch, image_size, batch_size, steps, warmup_steps,
+                         tfrecords=str(tfrecords), pipeline=p)
         sampler = UtilisationSampler(interval, nvml=nvml, clock=time.time)
         with sampler:
             res = dict(runner(1, cfg))

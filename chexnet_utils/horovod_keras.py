@@ -1,7 +1,7 @@
 """Horovod with Keras 3: the patterns that average gradients, the one that silently does not,
 and the check that catches workers drifting apart.
 
-Measured with Horovod 0.28.1 on Keras 3 (TensorFlow backend), 2 ranks (tests/test_horovod_keras.py):
+Measured with Horovod 0.28.1 on Keras 3 (TensorFlow backend), 2 ranks (tests/mpi/test_horovod_keras.py):
 
 (a) **custom ``train_step`` with ``hvd.DistributedGradientTape``** (:class:`TapeModel`) works
     when the tape is asked for the gradients of the *backing* ``tf.Variable`` of each Keras 3

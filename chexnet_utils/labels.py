@@ -97,3 +97,22 @@ def multihot_matrix(finding_labels: Iterable[str]) -> np.ndarray:
     if not rows:
         return np.zeros((0, NUM_CLASSES), dtype=np.float32)
     return np.stack(rows)
+
+
+# NIH ChestX-ray14 (Data_Entry_2017.csv): images carrying each label, out of 112,120.
+NIH_IMAGES: int = 112_120
+"""Images in NIH ChestX-ray14."""
+
+NIH_LABEL_COUNTS: dict[str, int] = {
+    "Atelectasis": 11_559, "Cardiomegaly": 2_776, "Effusion": 13_317, "Infiltration": 19_894,
+    "Mass": 5_782, "Nodule": 6_331, "Pneumonia": 1_431, "Pneumothorax": 5_302,
+    "Consolidation": 4_667, "Edema": 2_303, "Emphysema": 2_516, "Fibrosis": 1_686,
+    "Pleural_Thickening": 3_385, "Hernia": 227, NO_FINDING: 60_361,
+}
+"""Images per label in NIH's ``Data_Entry_2017.csv`` (the 14 pathologies, then No Finding)."""
+
+NIH_PREVALENCE: dict[str, float] = {
+    **{p: NIH_LABEL_COUNTS[p] / NIH_IMAGES for p in PATHOLOGIES},
+    NO_FINDING: NIH_LABEL_COUNTS[NO_FINDING] / NIH_IMAGES,
+}
+"""Share of the 112,120 NIH images carrying each label (No Finding ~0.538, Hernia ~0.002)."""

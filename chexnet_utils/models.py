@@ -16,15 +16,17 @@ What is here
   Keras 3: :mod:`chexnet_utils.horovod_keras`.)
 * :func:`class_weights_from_prevalence` and :class:`WeightedBCE` - the weighted binary
   cross-entropy of the CheXNet paper.
-* :func:`per_class_auroc`, :func:`mean_auroc` (exact, numpy, rank based),
-  :func:`roc_curve` (the points whose area they are) and :class:`MeanAUROC` (Keras'
-  thresholded estimate, for training logs only).
+* :func:`per_class_auroc`, :func:`mean_auroc` (exact: scikit-learn's ``roc_auc_score``,
+  with NaN for a class lacking positives or negatives), :func:`roc_curve` (scikit-learn's
+  points whose area they are) and :class:`MeanAUROC` (Keras' thresholded estimate, for
+  training logs only).
 * :data:`CHEXNET_PAPER_AUROC` - the paper's per-class test AUROC, to compare against.
 
-TensorFlow/Keras are imported lazily: ``import chexnet_utils.models`` only needs numpy until a
-model, loss or metric is created. The Keras classes are created on first attribute access
-(module ``__getattr__``) and registered for ``.keras`` serialisation under the package name
-``chexnet_utils``; :func:`custom_objects` lists them for ``keras.saving.load_model``.
+TensorFlow/Keras and scikit-learn are imported lazily: ``import chexnet_utils.models`` only
+needs numpy until a model, loss, metric or AUROC is computed. The Keras classes are created
+on first attribute access (module ``__getattr__``) and registered for ``.keras``
+serialisation under the package name ``chexnet_utils``; :func:`custom_objects` lists them for
+``keras.saving.load_model``.
 """
 
 from __future__ import annotations
@@ -112,16 +114,8 @@ _CAFFE_MEAN_BGR = (103.939, 116.779, 123.68)
 
 
 # --------------------------------------------------------------------------------------------
-# AUROC (numpy)
+# AUROC (scikit-learn)
 # --------------------------------------------------------------------------------------------
-
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-    """1-based ranks of ``x`` with ties sharing their average rank (``scipy.stats.rankdata``)."""
-    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-    starts = np.cumsum(counts) - counts  # 0-based position of each distinct value's first copy
-    avg = starts + (counts + 1) / 2.0
-    return avg[inverse.reshape(-1)]
-
 
 def _binary_inputs(y_true: Sequence[float] | np.ndarray, y_score: Sequence[float] | np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -137,27 +131,26 @@ def _binary_inputs(y_true: Sequence[float] | np.ndarray, y_score: Sequence[float
 
 def binary_auroc(y_true: Sequence[float] | np.ndarray,
                  y_score: Sequence[float] | np.ndarray) -> float:
-    """Area under the ROC curve of one binary problem, exactly, from ranks.
+    """Area under the ROC curve of one binary problem, exactly:
+    ``sklearn.metrics.roc_auc_score``.
 
     AUROC is the probability that a random positive scores higher than a random negative
-    (ties count one half), i.e. the Mann-Whitney U statistic divided by ``P * N``::
-
-        AUROC = (sum of the ranks of the positives - P (P + 1) / 2) / (P * N)
-
-    with average ranks for tied scores. ``y_true`` entries >= 0.5 are positives. Returns NaN
-    when ``y_true`` holds only one class (AUROC is undefined) or a score is not finite.
+    (ties count one half), i.e. the Mann-Whitney U statistic divided by ``P * N``.
+    ``y_true`` entries >= 0.5 are positives. Returns NaN (where scikit-learn raises) when
+    ``y_true`` holds only one class (AUROC is undefined) or a score is not finite.
     """
     t, s, n_pos, n_neg = _binary_inputs(y_true, y_score)
     if n_pos == 0 or n_neg == 0 or not np.all(np.isfinite(s)):
         return math.nan
-    ranks = _average_ranks(s)
-    u = ranks[t].sum() - n_pos * (n_pos + 1) / 2.0
-    return float(u / (n_pos * n_neg))
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(t, s))
 
 
 def roc_curve(y_true: Sequence[float] | np.ndarray,
               y_score: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The ROC curve of one binary problem: ``(false positive rate, true positive rate)``.
+    """The ROC curve of one binary problem: ``(false positive rate, true positive rate)``,
+    from ``sklearn.metrics.roc_curve(..., drop_intermediate=False)``.
 
     One point per distinct score, taken as the threshold from the highest score down
     ("positive if score >= threshold"), plus the start point ``(0, 0)``; tied scores move the
@@ -168,12 +161,10 @@ def roc_curve(y_true: Sequence[float] | np.ndarray,
     t, s, n_pos, n_neg = _binary_inputs(y_true, y_score)
     if n_pos == 0 or n_neg == 0:
         return np.zeros(0), np.zeros(0)
-    order = np.argsort(-s, kind="mergesort")
-    s, t = s[order], t[order]
-    last_of_tie = np.r_[np.flatnonzero(np.diff(s) != 0), s.size - 1]
-    tp = np.cumsum(t)[last_of_tie]
-    fp = (last_of_tie + 1) - tp
-    return np.r_[0.0, fp / n_neg], np.r_[0.0, tp / n_pos]
+    from sklearn import metrics
+
+    fpr, tpr, _ = metrics.roc_curve(t, s, drop_intermediate=False)
+    return fpr.astype(np.float64), tpr.astype(np.float64)
 
 
 def per_class_auroc(y_true: np.ndarray | Sequence[Sequence[float]],

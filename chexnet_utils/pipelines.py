@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, replace
 from os import PathLike
 from typing import TYPE_CHECKING, Any
 
+from chexnet_utils.checks import require_at_least
 from chexnet_utils.labels import NUM_CLASSES
 
 if TYPE_CHECKING:  # TensorFlow is imported lazily: ``import chexnet_utils`` stays cheap.
@@ -216,12 +217,7 @@ def _check_common(files: Files, batch_size: int, image_size: int, num_workers: i
     if not names:
         raise ValueError("no TFRecord files given (is the split empty? see "
                          "chexnet_utils.tfrecords.list_shards)")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if image_size < 1:
-        raise ValueError(f"image_size must be >= 1, got {image_size}")
-    if num_workers < 1:
-        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    require_at_least(1, batch_size=batch_size, image_size=image_size, num_workers=num_workers)
     if not 0 <= worker_index < num_workers:
         raise ValueError(f"worker_index must be in [0, {num_workers}), got {worker_index}")
     return names
@@ -574,3 +570,15 @@ def to_accelerator(ds: tf.data.Dataset, device: str | None,
     import tensorflow as tf
 
     return ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size))
+
+
+def file_names(ds: tf.data.Dataset) -> list[str]:
+    """The base names (no folder) of the paths a dataset of file names yields, in its order.
+
+    For showing what a file-level ``shard`` or ``shuffle`` hands to a worker:
+    ``file_names(names.shard(2, 0))``.
+    """
+    from pathlib import Path
+
+    return [Path(n.decode() if isinstance(n, bytes) else str(n)).name
+            for n in ds.as_numpy_iterator()]

@@ -26,37 +26,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from chexnet_utils.steptimer import StepConfig
 
 if TYPE_CHECKING:
     from chexnet_utils.distributed import MPICluster
 
 
-@dataclass(frozen=True)
-class StepBenchConfig:
-    """What one timed run trains (the same on every worker)."""
-
-    tfrecords: str
-    pipeline: str = "new"
-    arch: str = "small"
-    image_size: int = 128
-    batch_size: int = 16
-    """Per worker (the global batch grows with the number of workers, as in the articles)."""
-    warmup_steps: int = 20
-    """Untimed steps first. Long enough that a pipeline slower than the step has used up
-    the decoded images it buffered before the clock starts (the old approach's
-    ``prefetch(batch_size)`` holds ``batch_size`` whole batches)."""
-    steps: int = 10
-    seed: int = 0
-    shuffle_buffer: int = 32
-    """Record shuffle buffer of both pipelines. Small on purpose: the old approach shuffles
-    *decoded* images, and a large buffer would let it start the timed window with hundreds
-    of images decoded in advance, which is stock, not throughput."""
-    accelerator_ms: float = 0.0
-    """0: the model trains on this worker's CPU. > 0: emulated accelerator, each step waits
-    this long instead of computing, then averages gradient-sized tensors across workers."""
+SHUFFLE_BUFFER = 32
+"""Record shuffle buffer of both pipelines when the :class:`StepConfig` leaves it ``None``.
+Small on purpose: the old approach shuffles *decoded* images, and a large buffer would let it
+start the timed window with hundreds of images decoded in advance, which is stock, not
+throughput. (Likewise :func:`bench_scaling`'s 20 warm-up steps: long enough that a pipeline
+slower than the step has used up the decoded images it buffered before the clock starts; the
+old approach's ``prefetch(batch_size)`` holds ``batch_size`` whole batches.)"""
 
 
 def prepare_data_parallel_model(model: Any, jit_compile: bool = False) -> None:
@@ -68,7 +54,7 @@ def prepare_data_parallel_model(model: Any, jit_compile: bool = False) -> None:
 
     from chexnet_utils.labels import NUM_CLASSES
     from chexnet_utils.models import WeightedBCE
-    from chexnet_utils.training import broadcast_initial_state, gradient_averager
+    from chexnet_utils.dataparallel import broadcast_initial_state, gradient_averager
 
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=WeightedBCE(np.full(NUM_CLASSES, 0.5), np.full(NUM_CLASSES, 0.5)),
@@ -99,8 +85,9 @@ def timed_window(step: Callable[[], None], warmup_steps: int, steps: int,
     return time.perf_counter() - t0, wall0
 
 
-def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any]:
-    """Run on every Horovod worker: ``steps`` timed data-parallel training steps.
+def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
+    """Run on every Horovod worker: ``steps`` timed data-parallel training steps, fed by
+    ``cfg.pipeline`` over ``cfg.tfrecords`` (see :class:`~chexnet_utils.steptimer.StepConfig`).
 
     Builds the model, averages gradients with Horovod and broadcasts rank 0's initial
     state, exactly as :func:`chexnet_utils.training.train` does with ``distributed=True``,
@@ -113,9 +100,9 @@ def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any
     from chexnet_utils.models import build_chexnet
     from chexnet_utils.pipelines import build_pipeline
     from chexnet_utils.tfrecords import list_shards
-    from chexnet_utils.training import init_world
+    from chexnet_utils.dataparallel import init_world
 
-    c = StepBenchConfig(**cfg) if isinstance(cfg, dict) else cfg
+    c = StepConfig.of(cfg)
     rank, size = init_world(True)
     import horovod.tensorflow as hvd
     import tensorflow as tf
@@ -125,7 +112,8 @@ def throughput_on_engine(cfg: StepBenchConfig | dict[str, Any]) -> dict[str, Any
     prepare_data_parallel_model(model)
     ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,
                         c.image_size, training=True, num_workers=size, worker_index=rank,
-                        seed=c.seed, shuffle_buffer=c.shuffle_buffer)
+                        seed=c.seed, shuffle_buffer=SHUFFLE_BUFFER if c.shuffle_buffer is None
+                        else c.shuffle_buffer)
     it = iter(ds)
 
     batches = 0
@@ -223,9 +211,9 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
                 for r in range(repeats):
                     order = list(pipelines) if r % 2 == 0 else list(pipelines)[::-1]
                     for p in order:
-                        cfg = asdict(StepBenchConfig(str(tfrecords), p, arch, image_size,
-                                                     batch_size, warmup_steps, steps,
-                                                     accelerator_ms=m))
+                        cfg = asdict(StepConfig(arch, image_size, batch_size, steps,
+                                                warmup_steps, tfrecords=str(tfrecords),
+                                                pipeline=p, accelerator_ms=m))
                         res = cluster.run(throughput_on_engine, cfg, stream_rank0=False)
                         rate = res[0]["img_per_s"]
                         runs[m][p].setdefault(n, []).append(rate)

@@ -31,23 +31,63 @@ from chexnet_utils.hvd_timeline import record_timeline
 
 @dataclass(frozen=True)
 class StepConfig:
-    """One timed data-parallel training run on synthetic in-memory batches.
+    """What one timed data-parallel training run on the engines looks like: the same on
+    every worker, passed to the ``*_on_engine`` step timers as itself or as ``asdict(cfg)``.
 
-    The batch is made once per worker (random images, random labels) and reused, so no
-    input pipeline runs: only compute and gradient communication are timed.
+    One class for every engine step timer: :func:`hvd_throughput_on_engine` and
+    :func:`mwms_throughput_on_engine` (synthetic in-memory batch: ``tfrecords`` unused),
+    :func:`chexnet_utils.scaling.throughput_on_engine` (batches from the ``pipeline`` over
+    ``tfrecords``, model on the CPU or an emulated accelerator) and
+    :func:`chexnet_utils.gpu_node.gpu_throughput_on_engine` (the same on a GPU, with
+    ``mixed_precision``, ``xla`` and ``rank_cpus``). Each timer reads the fields it needs;
+    the defaults are the synthetic-batch timers' (the scaling and GPU reports pass their
+    own sizes).
     """
 
     arch: str = "small"
     image_size: int = 64
     batch_size: int = 16
-    """Per worker."""
+    """Per worker (the global batch grows with the number of workers, as in the articles)."""
     steps: int = 10
     """Timed steps per repeat."""
     warmup_steps: int = 3
+    """Untimed steps first: tracing, compilation, filling the pipeline's buffers."""
     repeats: int = 1
-    """Timed blocks of ``steps`` steps; ``img_per_s`` is their median."""
+    """Timed blocks of ``steps`` steps; ``img_per_s`` is their median (synthetic-batch
+    timers)."""
     learning_rate: float = 0.01
+    """SGD learning rate of the synthetic-batch timers."""
     seed: int = 0
+    tfrecords: str | None = None
+    """Converted folder whose train shards feed the step (pipeline-fed timers); ``None``:
+    a synthetic in-memory batch, made once per worker (random images and labels) and
+    reused, so only compute and gradient communication are timed."""
+    pipeline: str = "new"
+    """``"old"`` or ``"new"`` input pipeline (pipeline-fed timers)."""
+    shuffle_buffer: int | None = None
+    """Record shuffle buffer of the pipeline; ``None``: the timer's default."""
+    accelerator_ms: float = 0.0
+    """0: the model trains on this worker's CPU. > 0: emulated accelerator, each step waits
+    this long instead of computing, then averages gradient-sized tensors across workers
+    (:func:`chexnet_utils.scaling.throughput_on_engine`)."""
+    mixed_precision: bool | None = None
+    """GPU timer: mixed_float16 (``None``: as :mod:`chexnet_utils.accelerator` decides)."""
+    xla: bool | None = None
+    """GPU timer: jit_compile (``None``: as :mod:`chexnet_utils.accelerator` decides)."""
+    rank_cpus: tuple[tuple[int, ...], ...] = ()
+    """GPU timer: when set, local rank *i* binds itself to ``rank_cpus[i]`` first
+    (:attr:`~chexnet_utils.gpu_topology.BindingPlan.self_bind`)."""
+
+    @classmethod
+    def of(cls, cfg: StepConfig | Mapping[str, Any] | None = None,
+           **overrides: Any) -> StepConfig:
+        """``cfg`` (a :class:`StepConfig`, a dict such as ``asdict(cfg)`` - engines receive
+        dicts - or ``None`` for the defaults) with the ``overrides`` that are not ``None``."""
+        base = asdict(cfg) if isinstance(cfg, StepConfig) else dict(cfg or {})
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        if isinstance(base.get("rank_cpus"), list):  # asdict + JSON turn tuples into lists
+            base["rank_cpus"] = tuple(tuple(c) for c in base["rank_cpus"])
+        return cls(**base)
 
 
 def _synthetic_batch(c: StepConfig, rank: int) -> tuple[Any, Any]:
@@ -77,12 +117,6 @@ def _update_norm(model: Any, before: list[np.ndarray]) -> float:
                              for v, b in zip(model.trainable_variables, before))))
 
 
-def _step_config(cfg: StepConfig | Mapping[str, Any] | None, **overrides: Any) -> StepConfig:
-    base = asdict(cfg) if isinstance(cfg, StepConfig) else dict(cfg or {})
-    base.update({k: v for k, v in overrides.items() if v is not None})
-    return StepConfig(**base)
-
-
 def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
                              reduction: str = "grouped", compression: str = "none",
                              timeline_path: str | None = None, timeline_steps: int = 3,
@@ -109,10 +143,10 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
     import tensorflow as tf
 
     from chexnet_utils.models import build_chexnet
-    from chexnet_utils.training import broadcast_initial_state, init_world
+    from chexnet_utils.dataparallel import broadcast_initial_state, init_world
 
     _quiet_tensorflow()
-    c = _step_config(cfg, **overrides)
+    c = StepConfig.of(cfg, **overrides)
     rank, n = init_world(True)
     hvd = _hvd()
     comp = _compression(hvd, compression)
@@ -295,7 +329,7 @@ def mwms_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
         raise RuntimeError("call mwms_setup_on_engine(ports) on every engine first")
     _quiet_tensorflow()
     strategy = _MWMS["strategy"]
-    c = _step_config(cfg, **overrides)
+    c = StepConfig.of(cfg, **overrides)
     rank = _mpi_rank()
     n = strategy.num_replicas_in_sync
     keras.utils.set_random_seed(c.seed)

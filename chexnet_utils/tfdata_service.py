@@ -357,16 +357,16 @@ def next_within(it: Iterator[Any], timeout: float) -> Any:
 
 def _timed_steps(step: Any, it: Iterator[Any], n_steps: int, warmup: int) -> float:
     """Training images/s over ``n_steps`` steps pulled from ``it`` after ``warmup`` steps."""
-    from chexnet_utils.benchmark import _batch_len, _block
+    from chexnet_utils.bench_timing import batch_len, block
 
     for _ in range(warmup):
-        _block(step(next_within(it, 120)))
+        block(step(next_within(it, 120)))
     images = 0
     t0 = time.perf_counter()
     for _ in range(n_steps):
         b = next_within(it, 120)
-        _block(step(b))
-        images += _batch_len(b)
+        block(step(b))
+        images += batch_len(b)
     return images / (time.perf_counter() - t0)
 
 
@@ -401,7 +401,8 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
 
     import keras
 
-    from chexnet_utils.benchmark import _synthetic_rate, time_pipeline, train_step_fn
+    from chexnet_utils.bench_pipeline import time_pipeline
+    from chexnet_utils.bench_training import synthetic_rate, train_step_fn
     from chexnet_utils.models import build_chexnet
     from chexnet_utils.pipelines import new_approach
     from chexnet_utils.tfrecords import list_shards
@@ -425,7 +426,7 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
     service_it = iter(distribute(pipeline(), target, processing_mode).prefetch(prefetch))
     _timed_steps(step, service_it, 1, 2 * warmup)
     for _ in range(repeats):  # c, d, local, service: each repeat measures all four
-        runs["compute"].append(_synthetic_rate(step, batch, n_steps)[0])
+        runs["compute"].append(synthetic_rate(step, batch, n_steps)[0])
         runs["decode"].append(time_pipeline(pipeline(), n_steps, warmup, 1).mean)
         it = iter(pipeline())
         runs["local"].append(_timed_steps(step, it, n_steps, warmup))

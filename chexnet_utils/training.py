@@ -18,7 +18,7 @@ What one call does
    approach, ``pipeline="old"``) over the ``train`` shards: Adam, CheXNet's weighted binary
    cross-entropy (:class:`~chexnet_utils.models.WeightedBCE`), ``ReduceLROnPlateau`` (factor
    0.1). After every epoch the whole validation split is predicted and its exact per-class
-   AUROC computed with numpy; the best epoch by validation mean AUROC is kept.
+   AUROC computed with scikit-learn; the best epoch by validation mean AUROC is kept.
 4. Evaluates the best weights on the test split and writes ``metrics.json``.
 
 Files in ``out_dir``::
@@ -66,25 +66,52 @@ rates (and then their weights) drift apart. A ``RankAgreement`` callback
 trainable weights across ranks after the first steps and at every epoch end and stops the
 job with :class:`~chexnet_utils.horovod_keras.RanksDiverged` if they differ. ``metrics.json``
 records every rank's final learning rate and weight hash (``ranks``).
+
+Where the pieces live
+---------------------
+This module holds the configuration, the result and :func:`train` itself. The data-parallel
+seams (changes 1-5) are in :mod:`chexnet_utils.dataparallel`, the callbacks in
+:mod:`chexnet_utils.train_callbacks`, the files of ``out_dir`` in
+:mod:`chexnet_utils.checkpoints`, the manifest and split prediction helpers in
+:mod:`chexnet_utils.train_data`; the names callers used from here are re-exported.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from chexnet_utils.atomic import write_text_atomic
-from chexnet_utils.labels import NUM_CLASSES, PATHOLOGIES
+from chexnet_utils.checkpoints import (
+    BEST_NAME,
+    CHECKPOINT_DIR,
+    CSV_NAME,
+    LAST_NAME,
+    METRICS_NAME,
+    STATE_FORMAT,
+    STATE_NAME,
+    TENSORBOARD_DIR,
+    load_checkpoint,
+    nan_if_none,
+    read_csv_log,
+    read_state,
+    write_json_atomic,
+)
+from chexnet_utils.dataparallel import (
+    LR_SCALINGS,
+    broadcast_initial_state,
+    gradient_averager,
+    init_world,
+    scaled_learning_rate,
+    weights_checksum,
+)
+from chexnet_utils.labels import PATHOLOGIES
 from chexnet_utils.models import (
     ARCHITECTURES,
     CHEXNET_PAPER_MEAN_AUROC,
@@ -92,14 +119,25 @@ from chexnet_utils.models import (
     per_class_auroc,
 )
 from chexnet_utils.pipelines import DEFAULT_SHUFFLE_BUFFER
-
-if TYPE_CHECKING:
-    import keras
-    import tensorflow as tf
+from chexnet_utils.train_callbacks import callback_classes
+from chexnet_utils.train_data import (
+    eval_dataset,
+    loss_value,
+    predict_split,
+    split_counts,
+    training_label_sums,
+)
 
 __all__ = [
+    "BEST_NAME",
     "CHECKPOINT_DIR",
+    "CSV_NAME",
+    "LAST_NAME",
+    "LR_SCALINGS",
     "METRICS_NAME",
+    "STATE_FORMAT",
+    "STATE_NAME",
+    "TENSORBOARD_DIR",
     "TrainConfig",
     "TrainResult",
     "broadcast_initial_state",
@@ -108,20 +146,16 @@ __all__ = [
     "load_checkpoint",
     "predict_split",
     "read_csv_log",
+    "scaled_learning_rate",
     "train",
     "train_on_engine",
     "training_label_sums",
     "weights_checksum",
 ]
 
-CHECKPOINT_DIR = "checkpoints"
-LAST_NAME = "last.keras"
-BEST_NAME = "best.weights.h5"
-STATE_NAME = "state.json"
-CSV_NAME = "log.csv"
-TENSORBOARD_DIR = "tensorboard"
-METRICS_NAME = "metrics.json"
-STATE_FORMAT = "chexnet_utils.training/1"
+# Older names of two helpers that moved (tests and engine code call them by these).
+_callback_classes = callback_classes
+_eval_dataset = eval_dataset
 
 PIPELINES = ("new", "old")
 
@@ -284,397 +318,6 @@ class TrainResult:
 
 
 # --------------------------------------------------------------------------------------------
-# The data-parallel seams (Horovod fills these in; see the module docstring)
-# --------------------------------------------------------------------------------------------
-
-def init_world(distributed: bool = False) -> tuple[int, int]:
-    """``(rank, size)`` of this process in the training job: ``(0, 1)`` when not distributed.
-
-    Distributed: ``hvd.init()`` (steps 1 and 2 of the conversion: a no-op when already
-    initialised), then pin this process to GPU ``hvd.local_rank()`` or, on CPU, give it
-    ``cores // local_size`` threads (:func:`chexnet_utils.devices.pin_process`).
-    """
-    if not distributed:
-        return 0, 1
-    import horovod.tensorflow as hvd
-
-    from chexnet_utils.devices import pin_process
-
-    hvd.init()
-    pin_process(hvd.local_rank(), hvd.local_size())
-    return hvd.rank(), hvd.size()
-
-
-def gradient_averager(distributed: bool = False, mode: str = "per_tensor"
-                      ) -> Callable[[list[Any]], list[Any]] | None:
-    """The ``grads -> grads`` function of the model's ``train_step`` (``None``: identity).
-
-    Distributed: every worker's gradients are averaged (ring-allreduce over MPI/Gloo on CPU,
-    NCCL on GPUs). ``mode="per_tensor"`` (default): one ``hvd.allreduce`` per gradient, so
-    communication overlaps the backward pass; ``"grouped"``: one ``hvd.grouped_allreduce``
-    after it (see :mod:`chexnet_utils.horovod_keras`).
-    """
-    if not distributed:
-        return None
-    from chexnet_utils.horovod_keras import AVERAGERS
-
-    if mode not in AVERAGERS:
-        raise ValueError(f"mode must be one of {', '.join(AVERAGERS)}, got {mode!r}")
-    return AVERAGERS[mode]
-
-
-def broadcast_initial_state(model: keras.Model, distributed: bool = False) -> None:
-    """Make every worker start from rank 0's variables (model and optimizer). Called once,
-    after the optimizer is built and before the first step. No-op when not distributed.
-
-    Horovod's ``broadcast_variables`` assigns into ``tf.Variable`` objects, so the Keras 3
-    variables are passed by their backing ``.value``.
-    """
-    if not distributed:
-        return
-    import horovod.tensorflow as hvd
-
-    variables = [v.value for v in [*model.variables, *model.optimizer.variables]]
-    hvd.broadcast_variables(variables, root_rank=0)
-
-
-def _allreduce_mean(values: dict[str, float]) -> dict[str, float]:
-    """Average numbers across Horovod workers (same keys on every worker)."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    keys = sorted(values)
-    if not keys:
-        return {}
-    stacked = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
-    averaged = hvd.allreduce(stacked, op=hvd.Average, name="chexnet_epoch_metrics")
-    return dict(zip(keys, (float(v) for v in averaged.numpy())))
-
-
-def weights_checksum(model: keras.Model, trainable_only: bool = True) -> str:
-    """sha256 of the model's weights, in order.
-
-    With ``trainable_only`` (default) it is equal on all workers of a healthy Horovod job:
-    same initial values (broadcast), same averaged gradients, same optimizer. BatchNorm's
-    moving mean and variance are *not* trainable: each worker updates them from its own
-    batches, so they differ slightly between workers (rank 0's are the ones saved;
-    ``hvd.SyncBatchNormalization`` would average them too).
-    """
-    from chexnet_utils.horovod_keras import weights_sha256
-
-    return weights_sha256(model.trainable_weights if trainable_only else model.weights)
-
-
-LR_SCALINGS = ("sqrt", "linear")
-
-
-def scaled_learning_rate(lr: float, size: int, scaling: str | None = "sqrt") -> float:
-    """The learning rate for ``size`` workers, each with the single-worker batch.
-
-    ``"linear"``: ``lr * size``, Goyal et al.'s rule for SGD (the global batch grows ``size``
-    times, so does the step), with warm-up. ``"sqrt"``: ``lr * sqrt(size)``, the usual
-    default for adaptive optimizers such as Adam, whose update size does not grow with the
-    gradient's scale the way SGD's does (the linear rule, derived for SGD, often
-    overshoots with Adam). ``None``: unchanged.
-    """
-    if scaling is None:
-        return lr
-    if scaling == "linear":
-        return lr * size
-    if scaling == "sqrt":
-        return lr * math.sqrt(size)
-    raise ValueError(f"learning-rate scaling must be one of {', '.join(LR_SCALINGS)} or None, "
-                     f"got {scaling!r}")
-
-
-# --------------------------------------------------------------------------------------------
-# Data helpers
-# --------------------------------------------------------------------------------------------
-
-def training_label_sums(tfrecords_dir: Path | str, split: str = "train"
-                        ) -> tuple[np.ndarray, int]:
-    """Per-class positive counts and the image count of a split, from the manifest.
-
-    Uses the split totals, or sums the per-shard ``label_sums`` when the totals are absent.
-    """
-    from chexnet_utils.tfrecords import load_manifest
-
-    manifest = load_manifest(tfrecords_dir)
-    info = manifest.get("splits", {}).get(split)
-    if info and "label_sums" in info:
-        sums = np.asarray(info["label_sums"], dtype=np.float64)
-        n = int(info["images"])
-    else:
-        shards = [s for s in manifest.get("shards", []) if s.get("split") == split]
-        sums = np.sum([s["label_sums"] for s in shards], axis=0) if shards else np.zeros(
-            NUM_CLASSES)
-        n = int(sum(s["count"] for s in shards))
-    if sums.shape != (NUM_CLASSES,):
-        raise ValueError(f"{tfrecords_dir}: manifest label sums have shape {sums.shape}")
-    return sums, n
-
-
-def _split_counts(tfrecords_dir: Path) -> dict[str, int]:
-    from chexnet_utils.tfrecords import load_manifest
-
-    splits = load_manifest(tfrecords_dir).get("splits", {})
-    return {name: int(info.get("images", 0)) for name, info in splits.items()}
-
-
-def _eval_dataset(files: Sequence[Path], batch_size: int, image_size: int,
-                  antialias: bool) -> tf.data.Dataset:
-    from chexnet_utils.pipelines import new_approach
-
-    return new_approach(files, batch_size, image_size, training=False, antialias=antialias)
-
-
-def predict_split(model: keras.Model, dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """``(y_true, y_score)`` over one pass of an evaluation dataset of ``(image, label)``.
-
-    Labels and predictions are collected batch by batch in the same pass, so they stay aligned
-    even though the pipeline may reorder images (``deterministic=False``).
-    """
-    ys: list[np.ndarray] = []
-    ps: list[np.ndarray] = []
-    for batch in dataset:
-        x, y = batch[0], batch[1]
-        ps.append(np.asarray(model.predict_on_batch(x), dtype=np.float64))
-        ys.append(np.asarray(y, dtype=np.float64))
-    if not ys:
-        return np.zeros((0, NUM_CLASSES)), np.zeros((0, NUM_CLASSES))
-    return np.concatenate(ys), np.concatenate(ps)
-
-
-def _loss_value(loss_fn: Any, y_true: np.ndarray, y_score: np.ndarray) -> float:
-    if len(y_true) == 0:
-        return math.nan
-    return float(np.asarray(loss_fn(y_true.astype(np.float32), y_score.astype(np.float32))))
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints
-# --------------------------------------------------------------------------------------------
-
-def _json_safe(obj: Any) -> Any:
-    """NaN/inf -> None and numpy scalars -> Python, recursively (strict JSON)."""
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, (np.floating, float)):
-        v = float(obj)
-        return v if math.isfinite(v) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
-def _nan_if_none(v: Any) -> float:
-    return math.nan if v is None else float(v)
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(_json_safe(obj), indent=2, allow_nan=False) + "\n")
-
-
-def _read_state(ckpt_dir: Path) -> dict[str, Any] | None:
-    state_path = ckpt_dir / STATE_NAME
-    if not (state_path.is_file() and (ckpt_dir / LAST_NAME).is_file()):
-        return None
-    state = json.loads(state_path.read_text(encoding="utf-8"))
-    if state.get("format") != STATE_FORMAT:
-        raise ValueError(f"{state_path}: not a checkpoint state written by {__name__}")
-    return state
-
-
-def load_checkpoint(out_dir: Path | str) -> tuple[keras.Model, dict[str, Any]]:
-    """The last checkpoint of a run: ``(model with optimizer state, state dict)``.
-
-    ``state["epoch"]`` is the number of finished epochs; training resumes at that (0-based)
-    epoch index. Raises ``FileNotFoundError`` when there is no checkpoint.
-    """
-    import keras
-
-    from chexnet_utils.models import custom_objects
-
-    ckpt_dir = Path(out_dir) / CHECKPOINT_DIR
-    state = _read_state(ckpt_dir)
-    if state is None:
-        raise FileNotFoundError(f"{ckpt_dir}: no checkpoint ({LAST_NAME} + {STATE_NAME})")
-    model = keras.saving.load_model(ckpt_dir / LAST_NAME, custom_objects=custom_objects(),
-                                    compile=True)
-    return model, state
-
-
-# --------------------------------------------------------------------------------------------
-# Callbacks (created lazily so that importing this module does not import Keras)
-# --------------------------------------------------------------------------------------------
-
-@lru_cache(maxsize=None)
-def _callback_classes() -> dict[str, type]:
-    import keras
-
-    class EpochTimer(keras.callbacks.Callback):
-        """Wall time of each epoch's training steps (first in the callback list, so it stops
-        before validation and checkpointing)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.records: list[tuple[int, float]] = []
-            self._t0 = 0.0
-
-        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            self._t0 = time.perf_counter()
-
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            seconds = time.perf_counter() - self._t0
-            self.records.append((epoch, seconds))
-            if logs is not None:
-                logs["epoch_s"] = seconds
-
-    class Validation(keras.callbacks.Callback):
-        """Predict the whole val split at epoch end; add ``val_loss`` and ``val_mean_auroc``
-        (exact, numpy) to the logs, keep the per-class AUROC of every epoch."""
-
-        def __init__(self, dataset: tf.data.Dataset, loss_fn: Any,
-                     distributed: bool = False) -> None:
-            super().__init__()
-            self.dataset = dataset
-            self.loss_fn = loss_fn
-            self.distributed = distributed
-            self.per_class: dict[int, dict[str, float]] = {}
-
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            y_true, y_score = predict_split(self.model, self.dataset)
-            per_class = per_class_auroc(y_true, y_score)
-            loss = _loss_value(self.loss_fn, y_true, y_score)
-            if self.distributed:
-                # Each rank predicts with its own BatchNorm moving statistics, so its numbers
-                # differ a little; every decision taken on them (learning-rate plateau, best
-                # epoch) must see the same numbers on every rank: average them first.
-                averaged = _allreduce_mean({**per_class, "__loss__": loss})
-                loss = averaged.pop("__loss__")
-                per_class = {name: averaged[name] for name in per_class}
-            self.per_class[epoch] = per_class
-            if logs is not None:
-                logs["val_loss"] = loss
-                logs["val_mean_auroc"] = mean_auroc(per_class)
-
-    class PlateauLR(keras.callbacks.ReduceLROnPlateau):
-        """``ReduceLROnPlateau`` whose counters survive a resume (``initial_state``)."""
-
-        def __init__(self, *args: Any, initial_state: dict[str, Any] | None = None,
-                     **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.initial_state = initial_state
-
-        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-            super().on_train_begin(logs)
-            if self.initial_state:
-                best = self.initial_state.get("best")
-                self.best = None if best is None else float(best)
-                self.wait = int(self.initial_state.get("wait", 0))
-                self.cooldown_counter = int(self.initial_state.get("cooldown_counter", 0))
-
-        def state(self) -> dict[str, Any]:
-            best = None if self.best is None else float(self.best)
-            return {"best": best, "wait": int(self.wait),
-                    "cooldown_counter": int(self.cooldown_counter)}
-
-    class Checkpointer(keras.callbacks.Callback):
-        """At every epoch end: track the best ``val_mean_auroc``; on rank 0 write
-        ``best.weights.h5`` when it improved, then ``last.keras`` and ``state.json``
-        (each atomically: written to a temporary name, then renamed)."""
-
-        def __init__(self, ckpt_dir: Path, write: bool, state: dict[str, Any],
-                     plateau: PlateauLR, monitor: str | None) -> None:
-            super().__init__()
-            self.ckpt_dir = ckpt_dir
-            self.write = write
-            self.state = state
-            self.plateau = plateau
-            self.monitor = monitor
-
-        def _improved(self, score: float | None) -> bool:
-            """First epoch; a finite score above the best; or no finite score so far (a val
-            split too small to have any class with positives and negatives: keep the
-            latest epoch rather than the first)."""
-            best = self.state.get("best_score")
-            best_finite = best is not None and math.isfinite(best)
-            if self.state.get("best_epoch") is None or not best_finite:
-                return True
-            return score is not None and math.isfinite(score) and score > best
-
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            logs = dict(logs or {})
-            score = logs.get(self.monitor) if self.monitor else None
-            improved = True if self.monitor is None else self._improved(score)
-            if improved:
-                self.state["best_epoch"] = epoch + 1
-                self.state["best_score"] = None if score is None else float(score)
-            self.state["epoch"] = epoch + 1
-            self.state["plateau"] = self.plateau.state()
-            self.state["optimizer_iterations"] = int(self.model.optimizer.iterations.numpy())
-            self.state["learning_rate"] = float(
-                np.asarray(self.model.optimizer.learning_rate))
-            self.state.setdefault("history", []).append(
-                {"epoch": epoch + 1, **{k: _json_safe(v) for k, v in logs.items()}})
-            if not self.write:
-                return
-            if improved:
-                tmp = self.ckpt_dir / "best.tmp.weights.h5"
-                self.model.save_weights(tmp)
-                os.replace(tmp, self.ckpt_dir / BEST_NAME)
-            tmp = self.ckpt_dir / "last.tmp.keras"
-            self.model.save(tmp)
-            os.replace(tmp, self.ckpt_dir / LAST_NAME)
-            _write_json_atomic(self.ckpt_dir / STATE_NAME, self.state)
-
-    class Broadcast(keras.callbacks.Callback):
-        """Calls :func:`broadcast_initial_state` once at the start of training."""
-
-        def __init__(self, distributed: bool) -> None:
-            super().__init__()
-            self.distributed = distributed
-
-        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-            broadcast_initial_state(self.model, self.distributed)
-
-    class MetricAverage(keras.callbacks.Callback):
-        """Distributed: replace each worker's epoch training metrics (on its own shard) by
-        the average over all workers, before anything logs or acts on them."""
-
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            if logs is None:
-                return
-            numeric = {k: float(v) for k, v in logs.items()
-                       if k != "epoch_s" and isinstance(v, (int, float, np.floating))}
-            logs.update(_allreduce_mean(numeric))
-
-    class Warmup(keras.callbacks.Callback):
-        """Linear learning-rate warm-up from ``start_lr`` to ``target_lr`` over ``steps``
-        optimizer steps (Goyal et al. 2017), driven by the optimizer's step counter so that
-        a resumed run continues where it was."""
-
-        def __init__(self, start_lr: float, target_lr: float, steps: int) -> None:
-            super().__init__()
-            self.start_lr, self.target_lr, self.steps = start_lr, target_lr, max(1, steps)
-
-        def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            step = int(self.model.optimizer.iterations.numpy())
-            if step <= self.steps:
-                frac = min(1.0, step / self.steps)
-                self.model.optimizer.learning_rate.assign(
-                    self.start_lr + (self.target_lr - self.start_lr) * frac)
-
-    return {"EpochTimer": EpochTimer, "Validation": Validation, "PlateauLR": PlateauLR,
-            "Checkpointer": Checkpointer, "Broadcast": Broadcast,
-            "MetricAverage": MetricAverage, "Warmup": Warmup}
-
-
-# --------------------------------------------------------------------------------------------
 # train
 # --------------------------------------------------------------------------------------------
 
@@ -682,7 +325,7 @@ def _history_dict(history: list[dict[str, Any]]) -> dict[str, list[float]]:
     keys: list[str] = []
     for row in history:
         keys += [k for k in row if k != "epoch" and k not in keys]
-    return {k: [_nan_if_none(row.get(k)) for row in history] for k in keys}
+    return {k: [nan_if_none(row.get(k)) for row in history] for k in keys}
 
 
 def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainResult:
@@ -713,7 +356,7 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
         if chief and cfg.verbose else (lambda msg: None)
 
     # ---- data ------------------------------------------------------------------------------
-    counts = _split_counts(tfr)
+    counts = split_counts(tfr)
     train_files = list_shards(tfr, "train")
     if not train_files:
         raise ValueError(f"{tfr}: no train shards")
@@ -723,7 +366,7 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     steps = cfg.steps_per_epoch or max(1, n_train // (cfg.batch_size * size))
 
     # ---- model: fresh or from the last checkpoint ------------------------------------------
-    state: dict[str, Any] | None = _read_state(ckpt_dir) if cfg.resume else None
+    state: dict[str, Any] | None = read_state(ckpt_dir) if cfg.resume else None
     if cfg.resume and state is None:
         say(f"resume: no checkpoint in {ckpt_dir}, starting from scratch")
     initial_epoch = int(state["epoch"]) if state else 0
@@ -762,7 +405,7 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
         train_ds = to_accelerator(train_ds, accelerator_device())
 
     # ---- callbacks -------------------------------------------------------------------------
-    C = _callback_classes()
+    C = callback_classes()
     timer = C["EpochTimer"]()
     cbs: list[Any] = [C["Broadcast"](cfg.distributed), timer]
     agreement = None
@@ -778,7 +421,7 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
                 cfg.learning_rate, size, cfg.lr_scaling), warmup_steps))
     validation = None
     if val_files:
-        validation = C["Validation"](_eval_dataset(val_files, cfg.batch_size, cfg.image_size,
+        validation = C["Validation"](eval_dataset(val_files, cfg.batch_size, cfg.image_size,
                                                    cfg.antialias), loss_fn, cfg.distributed)
         cbs.append(validation)
     monitor = cfg.plateau_monitor if validation is not None else "loss"
@@ -833,11 +476,11 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     if chief and best_path.is_file():
         model.load_weights(best_path)
     if chief and test_files:
-        y_true, y_score = predict_split(model, _eval_dataset(
+        y_true, y_score = predict_split(model, eval_dataset(
             test_files, cfg.batch_size, cfg.image_size, cfg.antialias))
         test_per_class = per_class_auroc(y_true, y_score)
         test_mean = mean_auroc(test_per_class)
-        test_loss = _loss_value(loss_fn, y_true, y_score)
+        test_loss = loss_value(loss_fn, y_true, y_score)
     test_s = time.perf_counter() - t_test
 
     history = _history_dict(state.get("history", []))
@@ -848,7 +491,7 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
         mean_auroc=test_mean, per_class_auroc=test_per_class, img_per_s=img_per_s,
         epochs=int(state.get("epoch", initial_epoch)), initial_epoch=initial_epoch,
         best_epoch=state.get("best_epoch"),
-        best_val_mean_auroc=_nan_if_none(state.get("best_score")), history=history,
+        best_val_mean_auroc=nan_if_none(state.get("best_score")), history=history,
         timing=timing, out_dir=out, metrics_path=None, model=model, test_loss=test_loss,
         rank=rank, world_size=size, trained_checksum=trained_checksum)
 
@@ -887,18 +530,11 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
         }
         out.mkdir(parents=True, exist_ok=True)
         result.metrics_path = out / METRICS_NAME
-        _write_json_atomic(result.metrics_path, metrics)
+        write_json_atomic(result.metrics_path, metrics)
         say(f"test mean AUROC {test_mean:.3f} over "
             f"{metrics['n_classes_evaluated']} classes (best epoch {result.best_epoch}); "
             f"{img_per_s:.1f} img/s; wrote {result.metrics_path}")
     return result
-
-
-def read_csv_log(out_dir: Path | str) -> list[dict[str, str]]:
-    """The rows of ``out_dir/log.csv`` (one per epoch, across resumes)."""
-    with (Path(out_dir) / CSV_NAME).open(newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
-
 
 
 def train_on_engine(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:

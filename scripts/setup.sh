@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make setup: everything the notebooks and tests need, from nothing, idempotently.
 #   1. the system packages it needs (scripts/system_packages.sh: venv module, g++, Open MPI,
-#      Chromium for the browser test), with apt-get as root, else it prints the apt-get line
+#      Chromium for the browser test, Slurm + munge for the one-machine Slurm), with apt-get
+#      as root, else it prints the apt-get line
 #   2. a virtual environment with the pinned stack (requirements/base.txt) and TensorFlow:
 #      requirements/tf-cpu.txt, or requirements/gpu.txt on a GPU node (same version, with CUDA)
 #   3. Horovod built from its PyPI sdist, patched by patches/horovod-<version>/*.patch, with
@@ -11,6 +12,7 @@
 #      and a loud capability check
 # Environment: VENV (default .venv), PYTHON (interpreter to create it with), CONDA=1 to use
 # the active conda env instead of a venv, HOROVOD_REBUILD=1 to ignore the wheel cache,
+# SETUP_SLURM=0 to leave out slurm-wlm and munge,
 # GPU=1 for the GPU build (tensorflow[and-cuda], Horovod with NCCL; the nvcc it compiles with
 # comes from scripts/cuda_toolchain.sh), GPU=0 for the CPU build, GPU=auto (default): the GPU
 # build when `nvidia-smi -L` lists a GPU.
@@ -44,7 +46,10 @@ esac
 #    The venv module is needed only when the venv is still to be made.
 needs_venv=1
 if [ "${CONDA:-0}" = 1 ] || [ -x "$VENV/bin/python" ]; then needs_venv=0; fi
-PYTHON="$PYTHON" SETUP_NEEDS_VENV=$needs_venv bash scripts/system_packages.sh
+#    With them (optional, SETUP_SLURM=0 skips): slurm-wlm and munge for the one-machine Slurm
+#    (chexnet_utils.slurm_local: make slurm, tests/mpi/test_slurm.py, which skip without them).
+PYTHON="$PYTHON" SETUP_NEEDS_VENV=$needs_venv SETUP_SLURM=${SETUP_SLURM:-1} \
+  bash scripts/system_packages.sh
 MPI_VERSION=$(mpirun --version 2>/dev/null | head -n1 | sed 's/[^0-9.]*\([0-9][0-9.]*\).*/\1/')
 say "MPI: $(mpirun --version 2>/dev/null | head -n1)"
 

@@ -11,6 +11,10 @@
 #   MPI's compiler wrapper and headers  command -v mpicc                           libopenmpi-dev
 #   Chromium (browser test; optional)   $CHEXNET_CHROMIUM or command -v chromium   chromium (Debian;
 #                                                                   on Ubuntu apt only has a snap shim)
+#   Slurm (one-machine Slurm; optional) command -v sbatch slurmctld slurmd         slurm-wlm
+#   munge (Slurm's authentication)      command -v munged                          munge
+#     (the two Slurm rows only with SETUP_SLURM=1, which setup.sh passes: tests/mpi/test_slurm.py
+#      and `make slurm` need them and skip or stop with this install line without them)
 #
 #   scripts/system_packages.sh               as root: installs what is missing (one apt-get update,
 #                                            one apt-get install), then checks every row again and
@@ -19,8 +23,9 @@
 #   scripts/system_packages.sh --check-only  installs nothing: prints what is missing and the line
 #
 # Nothing missing: no apt call at all. Exit status 0 when every required row holds, 1 otherwise.
-# Environment: PYTHON (default python3.11), SETUP_NEEDS_VENV (1/0), CHEXNET_CHROMIUM,
-# OS_RELEASE (default /etc/os-release). The checks use only shell builtins and $PYTHON.
+# Environment: PYTHON (default python3.11), SETUP_NEEDS_VENV (1/0), SETUP_SLURM (1/0, default 0),
+# SBIN_DIRS (where daemons are looked for besides PATH, default "/usr/sbin /usr/local/sbin"),
+# CHEXNET_CHROMIUM, OS_RELEASE (default /etc/os-release). The checks use only shell builtins and $PYTHON.
 set -uo pipefail   # no -e: a failing check is an answer, not an error
 
 PYTHON=${PYTHON:-python3.11}
@@ -61,13 +66,18 @@ have_cmd() { command -v "$1" >/dev/null 2>&1; }
 have_venv() {   # Debian/Ubuntu ship ensurepip (and the wheels it installs) in pythonX.Y-venv
   have_cmd "$PYTHON" && "$PYTHON" -c 'import ensurepip, venv; ensurepip.version()' >/dev/null 2>&1
 }
+have_daemon() {   # daemons live in sbin, which not every user's PATH has
+  local d; have_cmd "$1" && return 0
+  for d in ${SBIN_DIRS:-/usr/sbin /usr/local/sbin}; do [ -x "$d/$1" ] && return 0; done; return 1
+}
+have_slurm() { have_cmd sbatch && have_daemon slurmctld && have_daemon slurmd; }
 have_chromium() {
   if [ -n "${CHEXNET_CHROMIUM:-}" ]; then [ -x "$CHEXNET_CHROMIUM" ]; else have_cmd chromium; fi
 }
 
 # --- the table: what | how it is checked (shown) | check | package | required/optional --------
-WHAT=() HOW=() CHECK=() PKG=() KIND=()
-row() { WHAT+=("$1"); HOW+=("$2"); CHECK+=("$3"); PKG+=("$4"); KIND+=("$5"); }
+WHAT=() HOW=() CHECK=() PKG=() KIND=() NOTE=()
+row() { WHAT+=("$1"); HOW+=("$2"); CHECK+=("$3"); PKG+=("$4"); KIND+=("$5"); NOTE+=("${6:-}"); }
 py_name=${PYTHON##*/}
 if [[ $py_name =~ ^python3\.[0-9]+$ ]]; then py_pkg=$py_name; else py_pkg=""; fi
 row "$PYTHON" "command -v $PYTHON" "have_cmd $PYTHON" "$py_pkg" required
@@ -81,7 +91,12 @@ row "mpirun" "command -v mpirun" "have_cmd mpirun" openmpi-bin required
 row "mpicc" "command -v mpicc" "have_cmd mpicc" libopenmpi-dev required
 if [ "$family" = debian ]; then chromium_pkg=chromium; else chromium_pkg=""; fi
 row "Chromium" "${CHEXNET_CHROMIUM:+test -x $CHEXNET_CHROMIUM}${CHEXNET_CHROMIUM:-command -v chromium}" \
-  have_chromium "$chromium_pkg" optional
+  have_chromium "$chromium_pkg" optional chromium
+if [ "${SETUP_SLURM:-0}" = 1 ]; then
+  row "Slurm (sbatch, slurmctld, slurmd)" "command -v sbatch slurmctld slurmd" have_slurm \
+    slurm-wlm optional slurm
+  row "munged" "command -v munged" "have_daemon munged" munge optional slurm
+fi
 
 # rows that fail now: indices into the table
 missing_rows() { local i; for i in "${!WHAT[@]}"; do ${CHECK[$i]} || echo "$i"; done; }
@@ -94,10 +109,18 @@ chromium_note() {
   if [ "$family" = ubuntu ]; then
     echo "on Ubuntu the apt package (chromium-browser) only installs a snap shim, so setup does not" \
          "install it; install Chromium yourself and set CHEXNET_CHROMIUM=/path/to/chromium, or" \
-         "tests/test_browser.py cannot run"
+         "tests/notebooks/test_browser.py cannot run"
   else
-    echo "tests/test_browser.py is skipped without it (not root)"
+    echo "tests/notebooks/test_browser.py is skipped without it (not root)"
   fi
+}
+optional_note() {   # why an optional row matters: $1 = the row's NOTE
+  case "$1" in
+    chromium) chromium_note ;;
+    slurm) echo "the one-machine Slurm (tests/mpi/test_slurm.py, make slurm) needs it; its tests" \
+                "are skipped without it" ;;
+    *) echo "only some tests need it" ;;
+  esac
 }
 
 mapfile -t missing < <(missing_rows)
@@ -119,7 +142,7 @@ report() {   # what is missing, and the line that installs it
   local i
   for i in "${missing[@]}"; do
     if [ "${KIND[$i]}" = required ]; then err "$(describe "$i")"
-    else err "$(describe "$i") (optional: $(chromium_note))"; fi
+    else err "$(describe "$i") (optional: $(optional_note "${NOTE[$i]}"))"; fi
   done
   if [ "$family" = other ]; then
     err "this is not Debian or Ubuntu (${os_name:-no $OS_RELEASE}): install the equivalents of the" \
@@ -159,7 +182,7 @@ if [ "${#req_pkgs[@]}" -gt 0 ]; then
 fi
 if [ "${#opt_pkgs[@]}" -gt 0 ]; then
   apt-get install -y -qq "${opt_pkgs[@]}" >/dev/null ||
-    err "apt-get install ${opt_pkgs[*]} failed (optional, only the browser test needs it)"
+    err "apt-get install ${opt_pkgs[*]} failed (optional: the tests that need them are skipped)"
 fi
 hash -r
 # the same table again: whatever is still missing is named with its package
@@ -172,7 +195,7 @@ for i in "${missing[@]}"; do
       err "  ($PYTHON is not in every Ubuntu release's archive: use the deadsnakes PPA or conda)"
     status=1
   else
-    err "$(describe "$i") (optional: $(chromium_note))"
+    err "$(describe "$i") (optional: $(optional_note "${NOTE[$i]}"))"
   fi
 done
 [ "$status" = 0 ] && say "system packages installed: ${all_pkgs[*]}"

@@ -1,8 +1,10 @@
-"""General charts the notebooks share: bars, timelines of steps, scaling curves, GPU use."""
+"""General charts the notebooks share: bars (with their repeats), timelines of steps, scaling
+curves and panels, learning curves of several workers, GPU use."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -161,6 +163,91 @@ def gpu_utilisation(runs: Mapping[str, Mapping], title: str = "GPU utilisation (
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
     axes[-1, 0].set_xlabel("seconds since sampling started")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def bars_with_runs(values: Mapping[str, float], runs: Mapping[str, Sequence[float]],
+                   label: str, title: str = "", horizontal: bool = True,
+                   colors: Sequence[str] | str = "tab:blue", ax: Any = None,
+                   figsize: tuple[float, float] = (7, 2.6)):  # noqa: ANN201
+    """One bar per entry of ``values`` (e.g. a median or the fastest run), and every run of
+    ``runs`` drawn over its bar as a black tick: how far the repeats spread.
+
+    ``label`` names the value axis; ``horizontal`` bars are listed top to bottom in the
+    order of ``values``. Draws on ``ax`` if given, else on a new figure; returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=figsize) if ax is None else (ax.figure, ax)
+    names = list(values)
+    heights = [values[k] for k in names]
+    if horizontal:
+        ax.barh(names, heights, color=colors)
+        for i, k in enumerate(names):
+            ax.plot(list(runs[k]), [i] * len(runs[k]), "k|", ms=12)
+        ax.invert_yaxis()
+        ax.set_xlabel(label)
+    else:
+        ax.bar(names, heights, color=colors)
+        for i, k in enumerate(names):
+            ax.plot([i] * len(runs[k]), list(runs[k]), "k_", ms=20)
+        ax.set_ylabel(label)
+    if title:
+        ax.set_title(title, fontsize=9 if horizontal else None)
+    fig.tight_layout()
+    return fig
+
+
+def worker_learning_curves(histories: Mapping[str, Mapping[str, Sequence[float]]],
+                           title: str = ""):  # noqa: ANN201
+    """Training loss and validation mean AUROC per epoch, one line per run (e.g. "1 worker",
+    "2 workers"), side by side. A history without ``val_mean_auroc`` draws no AUROC line."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for label, hist in histories.items():
+        epochs = np.arange(1, len(hist["loss"]) + 1)
+        axes[0].plot(epochs, hist["loss"], marker="o", label=label)
+        axes[1].plot(epochs, hist.get("val_mean_auroc", [np.nan] * len(epochs)), marker="o",
+                     label=label)
+    axes[0].set(xlabel="epoch", ylabel="training loss (mean over workers)")
+    axes[1].set(xlabel="epoch", ylabel="validation mean AUROC")
+    for ax in axes:
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def scaling_panels(panels: Mapping[str, Mapping[str, Any]], workers: Sequence[int],
+                   pipelines: Sequence[str] = ("old", "new"),
+                   title: str = "Data-parallel scaling (labels: efficiency)"):  # noqa: ANN201
+    """Images/s against workers, one panel per entry of ``panels`` (its title -> a block of
+    :func:`chexnet_utils.scaling.bench_scaling`'s result with ``img_per_s`` and
+    ``efficiency`` per pipeline and worker count as a string), one line per pipeline,
+    each point after the first labelled with its scaling efficiency, and the ideal line
+    (the last pipeline's 1-worker rate times the workers) dashed."""
+    import matplotlib.pyplot as plt
+
+    w = list(workers)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    colors = ("tab:gray", "tab:blue", "tab:green", "tab:orange")
+    for ax, (panel_title, block) in zip(axes[0], panels.items()):
+        base = block["img_per_s"][pipelines[-1]][str(w[0])] / w[0]
+        ax.plot(w, [base * n for n in w], "k--", label="ideal (linear)")
+        for p, color in zip(pipelines, colors):
+            rates = [block["img_per_s"][p][str(n)] for n in w]
+            ax.plot(w, rates, marker="o", color=color, label=f"{p} pipeline")
+            for n, r in zip(w[1:], rates[1:]):  # 1 worker is 100 % by definition
+                ax.annotate(f"{block['efficiency'][p][str(n)]:.0%}", (n, r),
+                            textcoords="offset points", xytext=(6, -12), color=color,
+                            fontsize=9)
+        ax.set(xlabel="workers (one core each)", ylabel="training images / s",
+               title=panel_title, xticks=w, ylim=(0, None))
+        ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
     return fig

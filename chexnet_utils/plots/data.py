@@ -6,16 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from chexnet_utils.labels import PATHOLOGIES
-
-
-NIH_PREVALENCE: dict[str, float] = {
-    "No Finding": 0.538, "Infiltration": 0.177, "Effusion": 0.119, "Atelectasis": 0.103,
-    "Nodule": 0.057, "Mass": 0.052, "Pneumothorax": 0.047, "Consolidation": 0.042,
-    "Pleural_Thickening": 0.030, "Cardiomegaly": 0.025, "Emphysema": 0.022, "Edema": 0.021,
-    "Fibrosis": 0.015, "Pneumonia": 0.013, "Hernia": 0.002,
-}
-"""Share of the 112,120 NIH images carrying each label (from ``Data_Entry_2017.csv``)."""
+from chexnet_utils.labels import NIH_PREVALENCE, PATHOLOGIES
 
 
 def label_distribution(prevalence: Mapping[str, float], reference: Mapping[str, float]
@@ -77,5 +68,38 @@ def image_grid(images: Sequence[np.ndarray], titles: Sequence[str], cols: int = 
     for ax, img, title in zip(np.atleast_1d(axes).ravel(), images, titles):
         ax.imshow(img, cmap="gray", vmin=0, vmax=255)
         ax.set_title(title.replace("|", "\n"), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def similarity_histogram(same: Sequence[float] | np.ndarray,
+                         different: Sequence[float] | np.ndarray, bins: int = 15):  # noqa: ANN201
+    """Overlaid histograms of thumbnail correlations: pairs of films of the *same* patient
+    against pairs of *different* patients (:func:`chexnet_utils.leakage.same_patient_similarity`)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.hist(different, bins=bins, alpha=0.7, label="different patients")
+    ax.hist(same, bins=bins, alpha=0.7, label="same patient")
+    ax.set_xlabel("thumbnail correlation")
+    ax.set_ylabel("image pairs")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def conversion_throughput(bench: Mapping[str, object]):  # noqa: ANN201
+    """One panel per image size of :func:`chexnet_utils.tfrecords.bench_conversion`'s result:
+    images/s of the conversion with each worker count, the speed-up in the panel title."""
+    import matplotlib.pyplot as plt
+
+    runs = dict(bench["runs"])  # type: ignore[call-overload]
+    fig, axes = plt.subplots(1, len(runs), figsize=(9, 3.2), sharey=True, squeeze=False)
+    for ax, (size, run) in zip(axes[0], runs.items()):
+        rates = dict(run["mean_img_per_s"])
+        ax.bar([f"{w} worker(s)" for w in rates], list(rates.values()),
+               color=["tab:gray", "tab:blue"][: len(rates)])
+        ax.set_title(f"{size} px: {run['speedup']:.2f}x")
+    axes[0][0].set_ylabel("images / s")
     fig.tight_layout()
     return fig

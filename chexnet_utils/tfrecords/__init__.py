@@ -119,7 +119,7 @@ from chexnet_utils.tfrecords.wire import (
     write_records,
 )
 from chexnet_utils.tfrecords.convert import ConversionResult, convert_dataset
-from chexnet_utils.tfrecords.bench import bench_conversion, format_bench_conversion
+from chexnet_utils.tfrecords.bench import bench_conversion, decode_ms, format_bench_conversion
 
 __all__ = [
     "CRC32C_IMPLEMENTATION",
@@ -139,6 +139,7 @@ __all__ = [
     "convert_dataset",
     "crc32c",
     "decode_example",
+    "decode_ms",
     "decode_image",
     "encode_example",
     "feature_spec",

@@ -12,7 +12,7 @@ import numpy as np
 from chexnet_utils.devices import usable_cores
 from chexnet_utils.tfrecords.convert import convert_dataset
 
-__all__ = ["bench_conversion", "format_bench_conversion"]
+__all__ = ["bench_conversion", "decode_ms", "format_bench_conversion"]
 
 
 def bench_conversion(data_dir: Path | str, work_dir: Path | str,
@@ -68,3 +68,34 @@ def format_bench_conversion(r: dict[str, Any]) -> str:
         cells = "  ".join(f"{w} worker(s): {m:7.1f}" for w, m in means.items())
         lines.append(f"  image size {key:>8}:  {cells}   speed-up {run['speedup']:.2f}x")
     return "\n".join(lines)
+
+
+def decode_ms(tfrecords_dir: Path | str, image_size: int, n: int = 40,
+              split: str = "train") -> float:
+    """Mean milliseconds to decode one stored image and resize it to ``image_size``.
+
+    Reads the first ``n`` records of ``split`` in ``tfrecords_dir`` into memory, decodes one
+    untimed (warm-up), then times :func:`~chexnet_utils.tfrecords.decode_image` over all of
+    them on this thread: the CPU cost per image that a training pipeline pays every epoch.
+    Comparing a full-size and a resized conversion shows what resizing at conversion saves.
+    Raises ``ValueError`` when ``n`` < 1 or the split has no record.
+    """
+    import time
+
+    import tensorflow as tf
+
+    from chexnet_utils.tfrecords.images import decode_image
+    from chexnet_utils.tfrecords.verify import list_shards
+    from chexnet_utils.tfrecords.wire import parse_example
+
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    files = [str(p) for p in list_shards(tfrecords_dir, split)]
+    blobs = [parse_example(r)["image_bytes"] for r in tf.data.TFRecordDataset(files).take(n)]
+    if not blobs:
+        raise ValueError(f"no {split} record in {tfrecords_dir}")
+    decode_image(blobs[0], image_size)  # warm-up: first call traces and allocates
+    t0 = time.perf_counter()
+    for b in blobs:
+        decode_image(b, image_size)
+    return (time.perf_counter() - t0) / len(blobs) * 1e3

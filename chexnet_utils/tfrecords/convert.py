@@ -11,7 +11,6 @@ decisions behind it.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import time
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from chexnet_utils.atomic import write_text_atomic
+from chexnet_utils.atomic import write_json_atomic, write_text_atomic
 from chexnet_utils.labels import NUM_CLASSES, PATHOLOGIES
 from chexnet_utils.nih import NIHDataset
 from chexnet_utils.processes import worker_init
@@ -194,15 +193,10 @@ def _write_shard(task: dict[str, Any], progress: Callable[[int], None] | None = 
 # Manifest and result
 # --------------------------------------------------------------------------------------------
 
-_NUMBER_LIST = re.compile(r"\[\s*(-?[0-9.eE+-]+(?:,\s*-?[0-9.eE+-]+)*)\s*\]")
-
-
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f"{path.name}{_TMP_MARK}{os.getpid()}")
-    # indented for people, but lists of numbers (label sums) on one line
-    text = _NUMBER_LIST.sub(lambda m: "[" + ", ".join(m.group(1).replace(",", " ").split())
-                            + "]", json.dumps(obj, indent=1))
-    write_text_atomic(path, text + "\n", tmp=tmp)
+    # indented for people, label sums on one line; a temporary name _remove_ours knows
+    write_json_atomic(path, obj, tmp=path.with_name(f"{path.name}{_TMP_MARK}{os.getpid()}"),
+                      indent=1, inline_number_lists=True)
 
 
 def _write_text_atomic(path: Path, text: str) -> None:

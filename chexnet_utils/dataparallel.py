@@ -1,0 +1,139 @@
+"""The data-parallel seams of training: what turns one Keras worker into one of N (Horovod).
+
+:func:`chexnet_utils.training.train` with ``distributed=True``, the engine step timers of
+:mod:`chexnet_utils.steptimer` and :mod:`chexnet_utils.scaling`, and the GPU node checks of
+:mod:`chexnet_utils.gpu_node` all use these, so that every measured step is the step that
+training takes. Which of the six Horovod changes each one is:
+
+* :func:`init_world` - ``hvd.init()`` and one device (or thread budget) per process
+  (changes 1 and 2); ``(0, 1)`` when not distributed;
+* :func:`scaled_learning_rate` - the learning rate raised with the number of workers
+  (change 3; ``sqrt`` for Adam, ``linear`` for SGD);
+* :func:`gradient_averager` - the ``grads -> grads`` allreduce plugged into the model's
+  ``train_step`` (change 4; the variants are in :mod:`chexnet_utils.horovod_keras`);
+* :func:`broadcast_initial_state` - rank 0's model and optimizer variables to all (change 5);
+* :func:`allreduce_mean` - numbers (epoch metrics) averaged across workers;
+* :func:`weights_checksum` - a digest of the weights, equal on every rank of a healthy job.
+
+Horovod and TensorFlow are imported inside the functions: importing this module is cheap, and
+with ``distributed=False`` nothing of Horovod is touched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import keras
+
+__all__ = [
+    "LR_SCALINGS",
+    "allreduce_mean",
+    "broadcast_initial_state",
+    "gradient_averager",
+    "init_world",
+    "scaled_learning_rate",
+    "weights_checksum",
+]
+
+
+def init_world(distributed: bool = False) -> tuple[int, int]:
+    """``(rank, size)`` of this process in the training job: ``(0, 1)`` when not distributed.
+
+    Distributed: ``hvd.init()`` (steps 1 and 2 of the conversion: a no-op when already
+    initialised), then pin this process to GPU ``hvd.local_rank()`` or, on CPU, give it
+    ``cores // local_size`` threads (:func:`chexnet_utils.devices.pin_process`).
+    """
+    if not distributed:
+        return 0, 1
+    import horovod.tensorflow as hvd
+
+    from chexnet_utils.devices import pin_process
+
+    hvd.init()
+    pin_process(hvd.local_rank(), hvd.local_size())
+    return hvd.rank(), hvd.size()
+
+
+def gradient_averager(distributed: bool = False, mode: str = "per_tensor"
+                      ) -> Callable[[list[Any]], list[Any]] | None:
+    """The ``grads -> grads`` function of the model's ``train_step`` (``None``: identity).
+
+    Distributed: every worker's gradients are averaged (ring-allreduce over MPI/Gloo on CPU,
+    NCCL on GPUs). ``mode="per_tensor"`` (default): one ``hvd.allreduce`` per gradient, so
+    communication overlaps the backward pass; ``"grouped"``: one ``hvd.grouped_allreduce``
+    after it (see :mod:`chexnet_utils.horovod_keras`).
+    """
+    if not distributed:
+        return None
+    from chexnet_utils.horovod_keras import AVERAGERS
+
+    if mode not in AVERAGERS:
+        raise ValueError(f"mode must be one of {', '.join(AVERAGERS)}, got {mode!r}")
+    return AVERAGERS[mode]
+
+
+def broadcast_initial_state(model: keras.Model, distributed: bool = False) -> None:
+    """Make every worker start from rank 0's variables (model and optimizer). Called once,
+    after the optimizer is built and before the first step. No-op when not distributed.
+
+    Horovod's ``broadcast_variables`` assigns into ``tf.Variable`` objects, so the Keras 3
+    variables are passed by their backing ``.value``.
+    """
+    if not distributed:
+        return
+    import horovod.tensorflow as hvd
+
+    variables = [v.value for v in [*model.variables, *model.optimizer.variables]]
+    hvd.broadcast_variables(variables, root_rank=0)
+
+
+def allreduce_mean(values: dict[str, float]) -> dict[str, float]:
+    """Average numbers across Horovod workers (same keys on every worker)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    keys = sorted(values)
+    if not keys:
+        return {}
+    stacked = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
+    averaged = hvd.allreduce(stacked, op=hvd.Average, name="chexnet_epoch_metrics")
+    return dict(zip(keys, (float(v) for v in averaged.numpy())))
+
+
+def weights_checksum(model: keras.Model, trainable_only: bool = True) -> str:
+    """sha256 of the model's weights, in order.
+
+    With ``trainable_only`` (default) it is equal on all workers of a healthy Horovod job:
+    same initial values (broadcast), same averaged gradients, same optimizer. BatchNorm's
+    moving mean and variance are *not* trainable: each worker updates them from its own
+    batches, so they differ slightly between workers (rank 0's are the ones saved;
+    ``hvd.SyncBatchNormalization`` would average them too).
+    """
+    from chexnet_utils.horovod_keras import weights_sha256
+
+    return weights_sha256(model.trainable_weights if trainable_only else model.weights)
+
+
+LR_SCALINGS = ("sqrt", "linear")
+
+
+def scaled_learning_rate(lr: float, size: int, scaling: str | None = "sqrt") -> float:
+    """The learning rate for ``size`` workers, each with the single-worker batch.
+
+    ``"linear"``: ``lr * size``, Goyal et al.'s rule for SGD (the global batch grows ``size``
+    times, so does the step), with warm-up. ``"sqrt"``: ``lr * sqrt(size)``, the usual
+    default for adaptive optimizers such as Adam, whose update size does not grow with the
+    gradient's scale the way SGD's does (the linear rule, derived for SGD, often
+    overshoots with Adam). ``None``: unchanged.
+    """
+    if scaling is None:
+        return lr
+    if scaling == "linear":
+        return lr * size
+    if scaling == "sqrt":
+        return lr * math.sqrt(size)
+    raise ValueError(f"learning-rate scaling must be one of {', '.join(LR_SCALINGS)} or None, "
+                     f"got {scaling!r}")

@@ -1,0 +1,439 @@
+"""A real Slurm on this one machine: ``munged``, ``slurmctld`` and ``slurmd`` on loopback.
+
+For the tests (``tests/mpi/conftest.py``) and for trying Slurm by hand (``make slurm``)::
+
+    with LocalSlurm() as slurm:                      # about 2 s until the node is idle
+        job = slurm.submit("scripts/slurm_horovod.sbatch", [...], options=[...])
+        slurm.wait_for_job(job, timeout=300)         # "COMPLETED"
+
+Everything lives in one state folder (a new temporary one unless ``state_dir`` is given):
+``slurm.conf``, a generated munge key (0400), munge's socket, the daemons' logs, pid files,
+``StateSaveLocation`` and ``SlurmdSpoolDir``, and ``jobcomp.txt`` (``jobcomp/filetxt``: one
+line per finished job, as there is no accounting database for ``sacct``). The daemons run
+as root (``SlurmUser=root``, ``ProctrackType=proctrack/linuxproc``, ``TaskPlugin=task/none``:
+no cgroups needed), the node is this machine at ``127.0.0.1`` with the CPUs and memory
+``slurmd -C`` reports, on free non-default ports. Nothing touches a system Slurm: every
+client command gets this ``SLURM_CONF`` through :attr:`LocalSlurm.env` (never through this
+process's environment), and munge has its own socket and key.
+
+:meth:`LocalSlurm.stop` cancels every job, stops the daemons (SIGTERM, then SIGKILL) and
+checks by pid that none is left, nor any ``slurmstepd`` of this Slurm (found by its
+``SLURM_CONF``) or process below one.
+
+Command line (``make slurm`` runs ``run``)::
+
+    python -m chexnet_utils.slurm_local run    --dir build/slurm   # until Ctrl-C
+    python -m chexnet_utils.slurm_local up     --dir build/slurm   # start, return
+    python -m chexnet_utils.slurm_local status --dir build/slurm
+    python -m chexnet_utils.slurm_local down   --dir build/slurm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from chexnet_utils import slurm as S
+
+NODE_NAME = "chexnet-node"
+PARTITION = "debug"
+START_TIMEOUT = 30.0
+"""Seconds :meth:`LocalSlurm.start` waits for the node to show ``idle`` in ``sinfo``."""
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports that are free on ``host`` right now."""
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def node_hardware() -> str:
+    """This machine's ``CPUs=.. Boards=.. SocketsPerBoard=.. CoresPerSocket=..
+    ThreadsPerCore=.. RealMemory=..`` as ``slurmd -C`` reports them (what slurmd checks)."""
+    slurmd = S.daemon_path("slurmd") or "slurmd"
+    out = subprocess.run([slurmd, "-C"], capture_output=True, text=True, timeout=30)
+    first = out.stdout.splitlines()[0] if out.stdout else ""
+    fields = [f for f in first.split() if f.split("=")[0] in
+              ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore",
+               "RealMemory")]
+    if not fields:
+        raise S.SlurmError(f"slurmd -C printed no node description: {out.stderr.strip()}")
+    return " ".join(fields)
+
+
+def slurm_conf(state: Path, ctld_port: int, slurmd_port: int, hardware: str,
+               host: str | None = None) -> str:
+    """The text of ``slurm.conf`` for this host with everything in ``state``."""
+    host = host or socket.gethostname().split(".")[0]
+    return f"""\
+# One-machine Slurm written by chexnet_utils.slurm_local (state folder {state})
+ClusterName=chexnet
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+AuthInfo=socket={state}/munge-run/munge.socket
+CredType=cred/munge
+StateSaveLocation={state}/ctld-state
+SlurmdSpoolDir={state}/slurmd-spool
+SlurmctldPidFile={state}/slurmctld.pid
+SlurmdPidFile={state}/slurmd.pid
+SlurmctldLogFile={state}/log/slurmctld.log
+SlurmdLogFile={state}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc={state}/jobcomp.txt
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+# finished jobs stay visible to `scontrol show job` for 10 minutes (no sacct here)
+MinJobAge=600
+ReturnToService=2
+SlurmdTimeout=60
+NodeName={NODE_NAME} NodeAddr=127.0.0.1 NodeHostname={host} {hardware} State=UNKNOWN
+PartitionName={PARTITION} Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _environ_has(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marker in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+class LocalSlurm:
+    """``munged``, ``slurmctld`` and ``slurmd`` for this machine, started and stopped for sure.
+
+    ``state_dir``: where everything lives (created; default a new temporary folder, removed
+    by :meth:`stop`). :attr:`env` is the environment for client commands (``sbatch``,
+    ``srun``, ``sinfo``, ...): this process's plus ``SLURM_CONF``.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike[str] | None = None,
+                 start_timeout: float = START_TIMEOUT, stop_timeout: float = 15) -> None:
+        self._owns_dir = state_dir is None
+        self.state = Path(state_dir) if state_dir is not None else None
+        self.start_timeout, self.stop_timeout = start_timeout, stop_timeout
+        self.daemon_pids: dict[str, int] = {}
+        self._popens: list[subprocess.Popen[bytes]] = []
+        self.node = NODE_NAME
+        self.partition = PARTITION
+
+    # -- paths and environment ------------------------------------------------------------
+    @property
+    def conf_path(self) -> Path:
+        """The ``slurm.conf`` of this Slurm."""
+        assert self.state is not None
+        return self.state / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """This process's environment plus ``SLURM_CONF`` (for every client command)."""
+        return {**os.environ, "SLURM_CONF": str(self.conf_path)}
+
+    def log_tails(self, lines: int = 15) -> str:
+        """The last lines of each daemon's log (for error messages)."""
+        assert self.state is not None
+        parts = []
+        for name in ("munged", "slurmctld", "slurmd"):
+            for path in (self.state / "log" / f"{name}.log",
+                         self.state / "log" / f"{name}.stderr"):
+                text = path.read_text(errors="replace") if path.exists() else ""
+                if text.strip() or path.suffix == ".log":
+                    tail = "\n".join(text.splitlines()[-lines:]) or "(empty)"
+                    parts.append(f"--- {path} ---\n{tail}")
+        return "\n".join(parts)
+
+    # -- life cycle ------------------------------------------------------------------------
+    def start(self) -> "LocalSlurm":
+        """Write the configuration, start the three daemons, wait until the node is idle."""
+        reason = S.slurm_missing_reason()
+        if reason:
+            raise S.SlurmError(reason)
+        if self.state is None:
+            self.state = Path(tempfile.mkdtemp(prefix="chexnet-slurm-"))
+        st = self.state
+        for sub, mode in (("", 0o755), ("munge-run", 0o755), ("munge", 0o700), ("log", 0o755),
+                          ("ctld-state", 0o700), ("slurmd-spool", 0o755)):
+            (st / sub).mkdir(parents=True, exist_ok=True)
+            os.chmod(st / sub, mode)   # munged wants its socket folder open to all
+        if (st / "pids.json").exists():
+            raise S.SlurmError(f"{st} has a running Slurm already (pids.json): "
+                               f"stop it first (python -m chexnet_utils.slurm_local down "
+                               f"--dir {st})")
+        key = st / "munge" / "munge.key"
+        key.unlink(missing_ok=True)
+        key.write_bytes(secrets.token_bytes(1024))
+        os.chmod(key, 0o400)
+        ctld_port, slurmd_port = free_ports(2)
+        self.conf_path.write_text(slurm_conf(st, ctld_port, slurmd_port, node_hardware()))
+        env = self.env
+        try:
+            self._spawn("munged", [
+                "-F", f"--socket={st}/munge-run/munge.socket", f"--key-file={key}",
+                f"--pid-file={st}/munge-run/munged.pid", f"--log-file={st}/log/munged.log",
+                f"--seed-file={st}/munge/munged.seed"], env)
+            self._wait_for(lambda: (st / "munge-run" / "munge.socket").exists(), "munged")
+            self._spawn("slurmctld", ["-D", "-f", str(self.conf_path)], env)
+            self._spawn("slurmd", ["-D", "-f", str(self.conf_path), "-N", self.node], env)
+            self._wait_for(lambda: self.node_state() == "idle", "the node to be idle in sinfo")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str, args: Sequence[str], env: Mapping[str, str]) -> None:
+        assert self.state is not None
+        exe = S.daemon_path(name)
+        assert exe is not None
+        out = open(self.state / "log" / f"{name}.stderr", "ab")
+        try:
+            proc = subprocess.Popen([exe, *args], env=dict(env), stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        finally:
+            out.close()
+        self._popens.append(proc)
+        self.daemon_pids[name] = proc.pid
+        (self.state / "pids.json").write_text(json.dumps(self.daemon_pids))
+
+    def _wait_for(self, ready: Callable[[], bool], what: str) -> None:
+        from chexnet_utils.processes import pid_alive
+
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            dead = [n for n, p in self.daemon_pids.items() if not pid_alive(p)]
+            if dead:
+                raise S.SlurmError(f"{', '.join(dead)} exited during start-up:\n"
+                                   f"{self.log_tails()}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise S.SlurmError(f"waited {self.start_timeout:.0f} s for {what}:\n{self.log_tails()}")
+
+    def node_state(self) -> str:
+        """The node's state in ``sinfo`` (``idle``, ``alloc``, ``mixed``, ``down*``, ...);
+        empty when the controller does not answer."""
+        out = S.run_slurm(["sinfo", "-h", "-n", self.node, "-o", "%T"], env=self.env,
+                          check=False, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    def processes(self) -> list[int]:
+        """Pids of every live process of this Slurm: the daemons, the ``slurmstepd`` that
+        carry its ``SLURM_CONF``, and all their descendants (job scripts, tasks)."""
+        import psutil
+
+        from chexnet_utils.processes import alive, descendants
+
+        found = set()
+        for name, pid in self.daemon_pids.items():  # a stale pids.json: the pid may be reused
+            try:
+                if psutil.Process(pid).name() == name and alive([pid]):
+                    found.add(pid)
+            except psutil.Error:
+                pass
+        if self.state is not None:  # slurmstepd outlives slurmd: found by its environment
+            marker = f"SLURM_CONF={self.conf_path}".encode()
+            for proc in psutil.process_iter(["name"]):
+                if proc.info["name"] == "slurmstepd" and _environ_has(proc.pid, marker):
+                    found.add(proc.pid)
+        for pid in list(found):
+            found.update(descendants(pid))
+        return sorted(alive(found))
+
+    def stop(self) -> None:
+        """Cancel every job, stop the daemons, check that no process of this Slurm is left.
+
+        Raises :class:`~chexnet_utils.slurm.SlurmError` naming any pid still alive after
+        SIGKILL. Removes the state folder when it was a temporary one.
+        """
+        import psutil
+
+        from chexnet_utils.processes import wait_gone
+
+        if self.state is None:
+            return
+        from chexnet_utils.processes import pid_alive
+
+        ctld = self.daemon_pids.get("slurmctld")
+        if ctld is not None and pid_alive(ctld):
+            S.run_slurm(["scancel", "--user", str(os.getuid())], env=self.env, check=False,
+                        timeout=10)
+            deadline = time.monotonic() + self.stop_timeout
+            while time.monotonic() < deadline and self._running_jobs():
+                time.sleep(0.2)
+        # daemons first in reverse start order, then anything left that carries our SLURM_CONF
+        left = self.processes()
+        for name in ("slurmd", "slurmctld", "munged"):
+            pid = self.daemon_pids.get(name)
+            if pid is not None and pid in left:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+                self._wait_pids([pid], self.stop_timeout)
+        for attempt in (signal.SIGTERM, signal.SIGKILL):
+            left = self.processes()
+            for pid in left:
+                try:
+                    os.kill(pid, attempt)
+                except ProcessLookupError:
+                    pass
+            self._wait_pids(left, 5)
+        procs = []
+        for pid in self.processes():
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        still = [p.pid for p in wait_gone(procs, 2)]
+        if still:
+            raise S.SlurmError(f"Slurm processes still running after SIGKILL: {still}")
+        (self.state / "pids.json").unlink(missing_ok=True)
+        if self._owns_dir:
+            shutil.rmtree(self.state, ignore_errors=True)
+        self.daemon_pids = {}
+
+    def _running_jobs(self) -> bool:
+        out = S.run_slurm(["squeue", "-h", "-o", "%i"], env=self.env, check=False, timeout=10)
+        return out.returncode == 0 and bool(out.stdout.strip())
+
+    def _wait_pids(self, pids: Sequence[int], timeout: float) -> None:
+        from chexnet_utils.processes import alive
+
+        deadline = time.monotonic() + timeout
+        while alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for proc in self._popens:  # reap the daemons this process started
+            proc.poll()
+
+    @classmethod
+    def attach(cls, state_dir: str | os.PathLike[str]) -> "LocalSlurm":
+        """The Slurm started earlier (``up``) in ``state_dir``, from its ``pids.json``."""
+        slurm = cls(state_dir)
+        pids = Path(state_dir) / "pids.json"
+        if not pids.exists():
+            raise S.SlurmError(f"no Slurm started in {state_dir} (no pids.json)")
+        slurm.daemon_pids = {k: int(v) for k, v in json.loads(pids.read_text()).items()}
+        return slurm
+
+    def __enter__(self) -> "LocalSlurm":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- jobs ----------------------------------------------------------------------------------
+    def submit(self, script: str | os.PathLike[str], args: Sequence[str] = (),
+               options: Sequence[str] = (), cwd: str | os.PathLike[str] | None = None,
+               env: Mapping[str, str] | None = None) -> str:
+        """:func:`chexnet_utils.slurm.submit` to this Slurm (``env`` added to :attr:`env`)."""
+        return S.submit(script, args, options, env={**self.env, **(env or {})}, cwd=cwd)
+
+    def wait_for_job(self, job_id: str, timeout: float) -> str:
+        """:func:`chexnet_utils.slurm.wait_for_job` on this Slurm."""
+        return S.wait_for_job(job_id, timeout, env=self.env)
+
+    def job_info(self, job_id: str) -> dict[str, str]:
+        """:func:`chexnet_utils.slurm.job_info` on this Slurm."""
+        return S.job_info(job_id, env=self.env)
+
+    def jobcomp(self) -> dict[str, dict[str, str]]:
+        """The job completion records (``jobcomp.txt``): job id -> its fields."""
+        assert self.state is not None
+        path = self.state / "jobcomp.txt"
+        records: dict[str, dict[str, str]] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                fields = dict(f.partition("=")[::2] for f in line.split() if "=" in f)
+                if "JobId" in fields:
+                    records[fields["JobId"]] = fields
+        return records
+
+
+def _print_usage(slurm: LocalSlurm) -> None:
+    print(f"Slurm is up: node {slurm.node} idle in partition {slurm.partition} "
+          f"(state, logs, slurm.conf in {slurm.state})")
+    print("In another shell:")
+    print(f"  export SLURM_CONF={slurm.conf_path}")
+    print("  sinfo; srun -n2 hostname")
+    print("  TFRECORDS=<converted folder> sbatch --nodes=1 --ntasks-per-node=2 \\")
+    print("    --gpus-per-node=0 --cpus-per-task=1 scripts/slurm_horovod.sbatch --arch small \\")
+    print("    --image-size 64 --epochs 1")
+    print("  squeue; scontrol show job <id>; scancel <id>; cat "
+          f"{slurm.state}/jobcomp.txt")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m chexnet_utils.slurm_local run|up|status|down --dir DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m chexnet_utils.slurm_local",
+                                     description="a one-machine Slurm on loopback")
+    parser.add_argument("action", choices=("run", "up", "status", "down"),
+                        help="run: start, wait for Ctrl-C, stop; up/down: start/stop only")
+    parser.add_argument("--dir", type=Path, default=Path("build/slurm"),
+                        help="state folder (default build/slurm)")
+    args = parser.parse_args(argv)
+    state = args.dir.resolve()
+    try:
+        if args.action in ("run", "up"):
+            from chexnet_utils.processes import command_lifetime
+
+            if args.action == "up":
+                LocalSlurm(state).start()
+                print(f"started; stop with: python -m chexnet_utils.slurm_local down --dir "
+                      f"{args.dir}")
+                _print_usage(LocalSlurm.attach(state))
+                return 0
+            with command_lifetime(watchdog=False), LocalSlurm(state) as slurm:
+                _print_usage(slurm)
+                print("Ctrl-C stops it.", flush=True)
+                try:
+                    while True:
+                        time.sleep(3600)
+                except KeyboardInterrupt:
+                    print("\nstopping Slurm", flush=True)
+            print("stopped: no Slurm process left")
+            return 0
+        slurm = LocalSlurm.attach(state)
+        if args.action == "status":
+            print(f"daemons: {slurm.daemon_pids}; node {slurm.node}: "
+                  f"{slurm.node_state() or 'controller not answering'}")
+            print(S.run_slurm(["squeue"], env=slurm.env, check=False).stdout, end="")
+            return 0
+        slurm.stop()
+        print("stopped: no Slurm process left")
+        return 0
+    except S.SlurmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""What every test layer shares: the layer markers and the synthetic TFRecords fixtures.
+
+The tests are sorted by what they need to run (see the README's testing section):
+
+- ``tests/unit``: pure Python; imports neither TensorFlow nor Horovod and starts no MPI,
+  ipyparallel or TensorFlow process (checked by ``tests/unit/conftest.py``); ``make unit``.
+- ``tests/tf``: imports TensorFlow in-process or runs TensorFlow subprocesses, no MPI.
+- ``tests/mpi``: starts MPI, ipyparallel engines, Horovod ranks, tf.data service processes
+  or daemons, and the kill tests of every command.
+- ``tests/notebooks``: checks of the notebooks themselves (hygiene, the browser test).
+
+Each test is marked with its folder's name (``unit``, ``tf``, ``mpi``, ``notebooks``), and
+the notebooks run by nbval (``make test``) with ``notebooks``, so ``pytest -m "not mpi"``
+selects by layer; ``slow`` keeps its meaning (more than a few seconds).
+
+The data sets: :func:`tests.datasets.synthetic_tfrecords` makes one for given parameters;
+the fixtures below make each parameter set once per session, for the tests that share it
+(they only read it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.datasets import synthetic_tfrecords
+
+LAYERS = ("unit", "tf", "mpi", "notebooks")
+_TESTS = Path(__file__).resolve().parent
+
+
+def layer_of(path: Path) -> str | None:
+    """The layer of a collected file: its folder under ``tests/``, ``notebooks`` for a
+    notebook run by nbval, else None."""
+    try:
+        parts = path.resolve().relative_to(_TESTS).parts
+    except ValueError:
+        return "notebooks" if path.suffix == ".ipynb" else None
+    return parts[0] if len(parts) > 1 and parts[0] in LAYERS else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its layer (by path), so ``-m`` selects layers."""
+    for item in items:
+        layer = layer_of(Path(str(item.path)))
+        if layer is not None:
+            item.add_marker(layer)
+
+
+TfrecordsFactory = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def make_tfrecords(tmp_path_factory: pytest.TempPathFactory) -> TfrecordsFactory:
+    """``make(n, size, shard_size, seed=0)``: :func:`~tests.datasets.synthetic_tfrecords`
+    made once per session for each parameter set; the TFRecords folder (read it only)."""
+    made: dict[tuple[int, int, int, int], Path] = {}
+
+    def make(n: int, size: int, shard_size: int, seed: int = 0) -> Path:
+        key = (n, size, shard_size, seed)
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"tfrecords-{n}x{size}px-{shard_size}-{seed}")
+            made[key] = synthetic_tfrecords(root, n, size, shard_size, seed)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def hvd_tfrecords(make_tfrecords: TfrecordsFactory) -> Path:
+    """120 synthetic 64 px images in shards of 8: the Horovod tests' data (tests/mpi)."""
+    return make_tfrecords(120, 64, 8)
+
+
+@pytest.fixture(scope="session")
+def tiny_tfrecords(make_tfrecords: TfrecordsFactory) -> Path:
+    """64 synthetic 32 px images in shards of 16: the GPU-path tests' data (tf and mpi)."""
+    return make_tfrecords(64, 32, 16)

@@ -1,0 +1,1 @@
+"""The mpi test layer (see tests/conftest.py)."""

@@ -1,0 +1,30 @@
+"""Fixtures of the MPI layer: a real one-machine Slurm (``local_slurm``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from chexnet_utils.processes import alive
+from chexnet_utils.slurm import slurm_missing_reason
+from chexnet_utils.slurm_local import LocalSlurm
+
+
+@pytest.fixture(scope="session")
+def local_slurm() -> Iterator[LocalSlurm]:
+    """``munged``, ``slurmctld`` and ``slurmd`` on loopback in a temporary state folder, the
+    node idle; stopped at the end of the session with no daemon (or job process) left,
+    checked by pid. Skips with the install command when Slurm or root is missing."""
+    reason = slurm_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    slurm = LocalSlurm().start()
+    try:
+        yield slurm
+    finally:
+        pids = slurm.processes()
+        state = slurm.state
+        slurm.stop()
+        assert alive(pids) == [], f"Slurm processes left: {alive(pids)}"
+        assert state is not None and not state.exists()

@@ -1,0 +1,86 @@
+"""ipyparallel MPI engines started and torn down from Python (what notebook 04 does)."""
+
+import os
+import sys
+import stat
+import time
+
+import cloudpickle
+import psutil
+import pytest
+
+from chexnet_utils.distributed import EngineFailure, MPICluster, rank_info
+from chexnet_utils.processes import alive
+
+pytestmark = pytest.mark.mpi
+# the engines cannot import this test module: send its functions by value
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _hvd_allreduce_loop(seconds, ready_path):
+    """All-reduce for ``seconds``; ``ready_path`` is written once the first one is done."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    end = time.time() + seconds
+    total = 0.0
+    while time.time() < end:
+        total += float(hvd.allreduce(tf.ones([1000]), op=hvd.Sum)[0])
+        if hvd.rank() == 0 and not os.path.exists(ready_path):
+            with open(ready_path, "w") as f:
+                f.write("ready")
+        time.sleep(0.05)
+    return total
+
+
+def test_context_manager_runs_on_every_rank_and_leaves_nothing_behind():
+    with MPICluster(n=2) as cluster:
+        infos = cluster.run(rank_info)
+        pids = cluster.pids()
+        profile = cluster._profile_dir
+        assert stat.S_IMODE(os.stat(profile).st_mode) == 0o700
+        jsons = [os.path.join(r, f) for r, _, fs in os.walk(profile) for f in fs
+                 if f.endswith(".json")]
+        assert jsons and all(stat.S_IMODE(os.stat(j).st_mode) == 0o600 for j in jsons)
+        # the controller and the engines listen on loopback only (mpiexec's own out-of-band
+        # listener cannot be bound to one address in Open MPI 4.1: documented exception)
+        listening = [c.laddr.ip for pid in pids if alive([pid])
+                     and "mpiexec" not in psutil.Process(pid).name()
+                     for c in psutil.Process(pid).net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and set(listening) == {"127.0.0.1"}
+    assert [i["rank"] for i in infos] == [0, 1]
+    assert {i["pid"] for i in infos} <= pids
+    assert len(pids) >= 4  # controller, mpiexec, two engines (and nannies)
+    assert alive(pids) == []
+    assert not os.path.exists(profile)
+    assert cluster.start_seconds < 60 and cluster.stop_seconds < 20
+
+
+def test_exception_inside_with_block_still_tears_down():
+    with pytest.raises(Exception, match="ZeroDivisionError"):
+        with MPICluster(n=2) as cluster:
+            pids = cluster.pids()
+            cluster.run(lambda: 1 / 0)
+    assert alive(pids) == []
+
+
+def test_killed_engine_fails_the_call_quickly_and_teardown_is_clean(tmp_path):
+    ready = tmp_path / "allreducing"  # handshake: the ranks are inside the all-reduce loop
+    with MPICluster(n=2) as cluster:
+        pids = cluster.pids()
+        killer = cluster.kill_engine_when(1, ready, timeout=120)
+        t0 = time.perf_counter()
+        with pytest.raises(EngineFailure, match="died"):
+            cluster.run(_hvd_allreduce_loop, 120, str(ready))
+        assert time.perf_counter() - t0 < 45
+        killer.join()
+    assert ready.exists()
+    assert alive(pids) == []
+
+
+def test_timeout_is_an_engine_failure():
+    with MPICluster(n=1) as cluster:
+        with pytest.raises(EngineFailure, match="did not finish within"):
+            cluster.run(time.sleep, 30, timeout=2)

@@ -1,0 +1,187 @@
+"""Horovod on Keras 3, proven on 2 ranks: the patterns that average (tape, per-tensor,
+grouped, the project's own step), the documented one that silently does not, the check that
+stops a drifting job, the overlap of communication with the backward pass, no learning-rate
+drift when validation drives the schedule, and the two copyable scripts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from chexnet_utils import horovod_keras as HK
+from chexnet_utils.distributed import (MPICluster, launcher_command, mpi_environment,
+                                       mpirun_command)
+
+pytestmark = pytest.mark.mpi
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with MPICluster(n=2, env={"HOROVOD_TIMELINE": "DYNAMIC"}) as c:
+        yield c
+
+
+# ---- the copyable scripts (first: the module's cluster does not exist yet, so its idle
+# engines, whose Horovod threads poll every millisecond, do not slow these jobs down) -----
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_minimal_script_runs_unchanged_under_a_launcher(hvd_tfrecords, tmp_path, launcher):
+    argv = ["python", str(ROOT / "scripts" / "train_horovod_minimal.py"), "--epochs", "1",
+            "--tfrecords", str(hvd_tfrecords), "--image-size", "32", "--batch-size", "8",
+            "--out", str(tmp_path / "run")]
+    proc = subprocess.run(launcher_command(launcher, 2, argv), env=mpi_environment(2),
+                          capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("ranks identical: True") == 1, proc.stdout[-2000:]
+    assert (tmp_path / "run" / "last.keras").is_file()
+
+
+def test_canonical_keras2_recipe_averages_under_tf_keras(tmp_path):
+    argv = ["python", str(ROOT / "scripts" / "horovod_keras2_canonical.py"),
+            "--out", str(tmp_path / "k2")]
+    proc = subprocess.run(mpirun_command(2, argv), env=mpi_environment(2), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "keras 2." in proc.stdout and "ranks identical: True" in proc.stdout, proc.stdout
+
+
+# ---- pure pieces ---------------------------------------------------------------------------
+
+def test_digests_agree_names_the_ranks_that_differ():
+    a = HK.weights_digest([np.ones((2, 3)), np.arange(4.0)])
+    b = HK.weights_digest([np.ones((2, 3)), np.arange(4.0) + 1e-7])
+    assert HK.digests_agree(np.stack([a, a, a])) == []
+    assert HK.digests_agree(np.stack([a, b, a, b])) == [1, 3]
+
+
+def test_enqueue_spread_per_step():
+    from chexnet_utils.comm import TimelineEvent
+
+    def neg(name, t_ms):
+        return TimelineEvent(name, "NEGOTIATE_ALLREDUCE", t_ms * 1000.0, 10.0)
+
+    # 2 steps of 3 gradients, and a barrier seen once (left out)
+    events = [neg("barrier", 50), neg("c", 10), neg("a", 0), neg("b", 4),
+              neg("a", 100), neg("b", 100.5), neg("c", 101)]
+    assert HK.enqueue_spread(events, 3) == pytest.approx([10.0, 1.0])
+    with pytest.raises(ValueError, match="expected 4"):
+        HK.enqueue_spread(events, 4)
+    with pytest.raises(ValueError):
+        HK.enqueue_spread(events, 0)
+
+
+def test_nan_weights_everywhere_are_not_a_drift():
+    a = HK.weights_digest([np.array([np.nan, 1.0])])
+    assert HK.digests_agree(np.stack([a, a])) == []
+
+
+def test_learning_rate_scaling_rules():
+    from chexnet_utils.training import scaled_learning_rate
+
+    assert scaled_learning_rate(1e-3, 4, "linear") == pytest.approx(4e-3)
+    assert scaled_learning_rate(1e-3, 4, "sqrt") == pytest.approx(2e-3)
+    assert scaled_learning_rate(1e-3, 4, None) == 1e-3
+    with pytest.raises(ValueError, match="sqrt"):
+        scaled_learning_rate(1e-3, 4, "cubic")
+
+
+# ---- on 2 ranks ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pattern", ["tape", "per_tensor", "grouped"])
+def test_averaging_patterns_keep_ranks_identical(cluster, pattern):
+    (s0, e0), (s1, e1) = cluster.run(HK.pattern_digests, pattern)
+    assert s0 == s1, "the broadcast did not give both ranks rank 0's weights"
+    assert e0 != s0, "training did not change the weights"
+    assert e0 == e1, f"{pattern}: the ranks drifted apart"
+
+
+def test_keras3_distributed_optimizer_runs_but_does_not_average(cluster):
+    r0, r1 = cluster.run(HK.keras_optimizer_digests)
+    assert r0["start"] == r1["start"]  # the same model on both ranks ...
+    assert r0["end"] != r1["end"]      # ... no error, and yet different weights after fit
+
+
+def test_rank_agreement_stops_a_job_whose_ranks_diverge(cluster):
+    with pytest.raises(Exception) as err:
+        cluster.run(HK.keras_optimizer_digests, check=True)
+    line = HK.error_line(err.value, "RanksDiverged")
+    assert "RanksDiverged" in line and "different weights after step 2" in line, line
+    assert "DistributedOptimizer" in line  # the likely cause is named
+
+
+def test_per_tensor_allreduce_overlaps_the_backward_pass(cluster, tmp_path):
+    per = cluster.run(HK.allreduce_enqueue_spread, "per_tensor", str(tmp_path / "per.json"))[0]
+    grouped = cluster.run(HK.allreduce_enqueue_spread, "grouped", str(tmp_path / "g.json"))[0]
+    assert per["n_tensors"] == grouped["n_tensors"] > 10
+    assert len(per["spread_ms"]) >= 3 and len(grouped["spread_ms"]) >= 3
+    # grouped: every gradient reaches Horovod at the same instant, after the backward pass;
+    # per tensor: the first ones are on their way while later layers are differentiated
+    assert max(grouped["spread_ms"]) < 1.0
+    assert np.median(per["spread_ms"]) > 2.0 + 5 * max(grouped["spread_ms"])
+
+
+def _validation_logs(tfr: str, distributed: bool) -> dict:
+    """The Validation callback's logs on this rank, with BatchNorm statistics that differ by
+    rank (as they do after training on different shards)."""
+    import horovod.tensorflow as hvd
+    import keras
+
+    from chexnet_utils import training as T
+    from chexnet_utils.models import WeightedBCE, build_chexnet
+    from chexnet_utils.tfrecords import list_shards
+
+    hvd.init()
+    keras.utils.set_random_seed(0)
+    model = build_chexnet("small", 32)
+    for layer in model.layers:
+        for sub in getattr(layer, "layers", [layer]):
+            if isinstance(sub, keras.layers.BatchNormalization):
+                sub.moving_mean.assign(sub.moving_mean + 0.3 * hvd.rank())
+    sums, n = T.training_label_sums(tfr)
+    ds = T._eval_dataset(list_shards(tfr, "val") + list_shards(tfr, "test"), 8, 32, False)
+    cb = T._callback_classes()["Validation"](ds, WeightedBCE.from_label_sums(sums, n),
+                                             distributed)
+    cb.set_model(model)
+    logs: dict = {}
+    cb.on_epoch_end(0, logs)
+    return logs
+
+
+def test_validation_metrics_are_averaged_across_ranks(cluster, hvd_tfrecords):
+    local = cluster.run(_validation_logs, str(hvd_tfrecords), False)
+    assert local[0]["val_loss"] != local[1]["val_loss"]  # each rank sees its own numbers
+    averaged = cluster.run(_validation_logs, str(hvd_tfrecords), True)
+    assert averaged[0] == averaged[1]  # every decision sees the same numbers
+    assert averaged[0]["val_loss"] == pytest.approx(
+        (local[0]["val_loss"] + local[1]["val_loss"]) / 2)
+
+
+def test_validation_driven_learning_rate_stays_identical_on_every_rank(cluster, hvd_tfrecords,
+                                                                       tmp_path):
+    """Patience 0 cuts the learning rate whenever the (averaged) val loss does not improve;
+    every rank must take the same decision and end with the same weights."""
+    from chexnet_utils.training import train_on_engine
+
+    cfg = dict(tfrecords=str(hvd_tfrecords), out_dir=str(tmp_path / "run"), arch="small",
+               image_size=32, batch_size=8, epochs=6, steps_per_epoch=2, verbose=0,
+               tensorboard=False, plateau_patience=0, learning_rate=0.02,
+               evaluate_test=False)
+    results = cluster.run(train_on_engine, cfg)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    ranks = metrics["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    lrs = {r["lr"] for r in ranks}
+    assert len(lrs) == 1, f"learning rates differ across ranks: {ranks}"
+    assert len({r["trainable_sha256"] for r in ranks}) == 1 and metrics["ranks_identical"]
+    start_lr = 0.02 * 2 ** 0.5  # sqrt scaling on 2 workers
+    assert lrs.pop() < start_lr * 0.5, "the plateau never cut the learning rate"
+    assert results[0]["weights_checksum"] == results[1]["weights_checksum"]

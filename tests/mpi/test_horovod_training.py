@@ -1,0 +1,158 @@
+"""Horovod data-parallel training on ipyparallel MPI engines (what notebook 04 does)."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from chexnet_utils.distributed import EngineFailure, MPICluster
+from chexnet_utils.processes import alive
+
+pytestmark = pytest.mark.mpi
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _config(tfr: Path, out: Path, **kw):
+    base = dict(tfrecords=str(tfr), out_dir=str(out), arch="small", image_size=32,
+                batch_size=8, epochs=2, steps_per_epoch=3, verbose=0, tensorboard=False)
+    base.update(kw)
+    return base
+
+
+def _names_of_my_shard(tfr: str) -> list[str]:
+    import horovod.tensorflow as hvd
+
+    from chexnet_utils.pipelines import new_approach
+    from chexnet_utils.tfrecords import list_shards
+
+    hvd.init()
+    ds = new_approach(list_shards(tfr, "train"), 4, 32, training=False,
+                      num_workers=hvd.size(), worker_index=hvd.rank(), with_names=True)
+    return [n.decode() for _, _, names in ds for n in names.numpy()]
+
+
+def test_two_engines_train_in_lockstep_on_disjoint_shards(hvd_tfrecords, tmp_path):
+    from chexnet_utils.tfrecords import load_manifest
+    from chexnet_utils.training import train_on_engine
+
+    with MPICluster(n=2) as cluster:
+        shards = cluster.run(_names_of_my_shard, str(hvd_tfrecords))
+        results = cluster.run(train_on_engine, _config(hvd_tfrecords, tmp_path / "run"))
+    # each rank reads its own files: disjoint, and together every training image once
+    a, b = (set(s) for s in shards)
+    assert a and b and not a & b
+    assert len(a) + len(b) == load_manifest(hvd_tfrecords)["splits"]["train"]["images"]
+    # gradients averaged + initial state broadcast: every rank holds identical weights
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["size"] == 2 for r in results)
+    assert results[0]["weights_checksum"] == results[1]["weights_checksum"]
+    # epoch metrics are averaged across ranks, so both logged the same loss
+    assert results[0]["history"]["loss"] == pytest.approx(results[1]["history"]["loss"])
+    # only rank 0 writes files and evaluates the test split
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 16
+    assert results[0]["mean_auroc"] == pytest.approx(metrics["mean_auroc"], nan_ok=True)
+    assert results[1]["mean_auroc"] != results[1]["mean_auroc"]  # NaN on rank 1
+
+
+def test_killed_engine_fails_fast_then_training_resumes_on_a_new_cluster(hvd_tfrecords, tmp_path):
+    from chexnet_utils.training import train_on_engine
+
+    out = tmp_path / "run"
+    cfg = _config(hvd_tfrecords, out, epochs=40, steps_per_epoch=4)
+    with MPICluster(n=2) as cluster:
+        pids = cluster.pids()
+        killer = cluster.kill_engine_when(1, out / "checkpoints" / "state.json", timeout=120)
+        t0 = time.perf_counter()
+        with pytest.raises(EngineFailure):
+            cluster.run(train_on_engine, cfg)
+        failed_after = time.perf_counter() - t0
+        killer.join()
+    assert alive(pids) == []
+    done = json.loads((out / "checkpoints" / "state.json").read_text())["epoch"]
+    assert 1 <= done < 40
+    with MPICluster(n=2) as cluster:
+        results = cluster.run(train_on_engine, {**cfg, "resume": True, "epochs": done + 1})
+    assert failed_after < 120
+    assert [r["initial_epoch"] for r in results] == [done, done]
+    assert results[0]["epochs"] == done + 1
+    assert results[0]["weights_checksum"] == results[1]["weights_checksum"]
+
+
+def test_bench_scaling_cli_writes_rates_and_efficiency(hvd_tfrecords, tmp_path):
+    from chexnet_utils.cli import main
+
+    out = tmp_path / "scaling.json"
+    assert main(["bench", "scaling", "--workers", "1,2", "--tfrecords", str(hvd_tfrecords),
+                 "--image-size", "32", "--batch-size", "4", "--steps", "2",
+                 "--emulate-accelerator", "5", "--env", "HOROVOD_CYCLE_TIME=2",
+                 "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["env"] == {"HOROVOD_CYCLE_TIME": "2"}
+    for n in ("1", "2"):  # what the engines really ran with is recorded
+        assert r["engine_env"][n]["HOROVOD_CYCLE_TIME"] == "2"
+        assert r["engine_env"][n]["TF_NUM_INTRAOP_THREADS"] == "1"  # one thread per core
+    assert r["engine_env"]["2"]["OMPI_MCA_mpi_yield_when_idle"] == "1"  # bound to a core
+    assert r["emulated"]["accelerator_ms"] == 5.0
+    for block in (r, r["emulated"]):
+        for p in ("old", "new"):
+            assert set(block["img_per_s"][p]) == {"1", "2"}
+            assert all(v > 0 for v in block["img_per_s"][p].values())
+            assert block["efficiency"][p]["1"] == pytest.approx(1.0)
+            assert block["efficiency"][p]["2"] == pytest.approx(
+                block["img_per_s"][p]["2"] / (2 * block["img_per_s"][p]["1"]))
+    # a step can never beat the emulated device: 4 images per 5 ms per worker at most
+    for n in (1, 2):
+        assert r["emulated"]["img_per_s"]["new"][str(n)] < n * 4 / 0.005
+
+
+def test_emulated_step_waits_for_the_device_and_averages_across_engines(hvd_tfrecords):
+    from dataclasses import asdict
+
+    from chexnet_utils.scaling import throughput_on_engine
+    from chexnet_utils.steptimer import StepConfig
+
+    cfg = asdict(StepConfig(tfrecords=str(hvd_tfrecords), pipeline="new", image_size=32,
+                            batch_size=4, warmup_steps=1, steps=4, accelerator_ms=50))
+    with MPICluster(n=2) as cluster:
+        res = cluster.run(throughput_on_engine, cfg, stream_rank0=False)
+    assert [r["rank"] for r in res] == [0, 1]
+    assert all(r["accelerator_ms"] == 50 for r in res)
+    assert all(r["seconds"] >= 4 * 0.050 for r in res)  # 4 steps of at least 50 ms each
+    assert all(r["batches"] == 1 + 4 for r in res)  # warm-up + timed, each read a batch
+    # each worker's fake gradients hold its rank: the allreduce averaged 0 and 1 everywhere
+    assert [r["emulated_average"] for r in res] == [0.5, 0.5]
+
+
+def test_bench_scaling_rejects_bad_arguments(hvd_tfrecords):
+    from chexnet_utils.cli import main
+    from chexnet_utils.scaling import bench_scaling
+
+    with pytest.raises(ValueError, match="accelerator_ms"):
+        bench_scaling(hvd_tfrecords, workers=[1], accelerator_ms=-1)
+    with pytest.raises(ValueError, match="worker counts"):
+        bench_scaling(hvd_tfrecords, workers=[0, 2])
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        main(["bench", "scaling", "--tfrecords", str(hvd_tfrecords), "--env", "NOVALUE"])
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_train_cli_runs_unchanged_under_a_launcher(hvd_tfrecords, tmp_path, launcher):
+    import subprocess
+
+    from chexnet_utils.distributed import launcher_command, mpi_environment
+
+    out = tmp_path / "run"
+    argv = ["python", "-m", "chexnet_utils", "train", "--horovod", "--tfrecords", str(hvd_tfrecords),
+            "--arch", "small", "--image-size", "32", "--batch-size", "8", "--epochs", "1",
+            "--steps-per-epoch", "2", "--out", str(out), "--quiet"]
+    proc = subprocess.run(launcher_command(launcher, 2, argv), env=mpi_environment(2),
+                          capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["epochs"] == 1
+    assert proc.stdout.count("mean AUROC") == 1  # only rank 0 reports

@@ -1,0 +1,195 @@
+"""Killed at any moment, nothing keeps running (issue 18).
+
+Every command that starts processes is started on CI-sized data, signalled once its workers
+are busy (a handshake on something the work produces, never a sleep), and checked with
+:mod:`proctree`: after SIGTERM the command exits with 143 within 10 s and leaves nothing;
+after SIGKILL of the command alone its whole tree is gone within 10 s. ``synth`` and
+``tfrecords`` are then run again and must give the same bytes as an uninterrupted run.
+The pieces of :mod:`chexnet_utils.processes` are tested in tests/unit/test_killed_cleanly.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from chexnet_utils.cli import main
+from tests.proctree import Command, signal_and_check
+
+SIGNALS = [pytest.param(signal.SIGTERM, id="SIGTERM"), pytest.param(signal.SIGKILL, id="SIGKILL")]
+SYNTH = ["--n", "240", "--size", "512", "--seed", "3", "--workers", "2"]
+# PNG re-encoding at 500 px: the slowest setting, so the signal lands mid-conversion
+CONVERT = ["--shard-size", "8", "--encoding", "png", "--image-size", "500", "--workers", "2",
+           "--no-progress"]
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted ``synth`` and ``tfrecords`` run: (data folder, TFRecords folder)."""
+    base = tmp_path_factory.mktemp("reference")
+    assert main(["synth", "--out", str(base / "data"), *SYNTH]) == 0
+    assert main(["tfrecords", "--data-dir", str(base / "data"), "--out", str(base / "tfr"),
+                 *CONVERT]) == 0
+    return base / "data", base / "tfr"
+
+
+@pytest.fixture
+def run(tmp_path):
+    started: list[Command] = []
+
+    def start(*args: str, **kw) -> Command:
+        cmd = Command(args, tmp_path / f"log-{len(started)}.txt", **kw)
+        started.append(cmd)
+        return cmd
+
+    yield start
+    for cmd in started:
+        cmd.close()
+
+
+# ---- every command -------------------------------------------------------------------------
+
+def pngs(root: Path) -> list[Path]:
+    return list(root.glob("images_*/images/*.png"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_synth(run, tmp_path, reference, sig):
+    out = tmp_path / "data"
+    cmd = run("synth", "--out", out, *SYNTH)
+    cmd.wait_for(lambda: len(cmd.workers()) >= 2 and pngs(out),
+                 "2 busy workers")
+    signal_and_check(cmd, sig, min_procs=2)
+    assert len(pngs(out)) < 240, "the run finished before the signal"
+    assert main(["synth", "--out", str(out), *SYNTH]) == 0
+    assert files(out) == files(reference[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_tfrecords(run, tmp_path, reference, sig):
+    out = tmp_path / "tfr"
+    cmd = run("tfrecords", "--data-dir", reference[0], "--out", out, *CONVERT)
+    cmd.wait_for(lambda: len(cmd.workers()) >= 2
+                 and list(out.glob("*.tfrecord.tmp-*")), "2 workers writing shards")
+    signal_and_check(cmd, sig, min_procs=2)
+    assert not json.loads((out / "manifest.json").read_text())["complete"]
+    assert main(["tfrecords", "--data-dir", str(reference[0]), "--out", str(out),
+                 *CONVERT]) == 0
+    assert files(out).keys() == files(reference[1]).keys()
+    assert {k: v for k, v in files(out).items() if k.endswith(".tfrecord")} == \
+           {k: v for k, v in files(reference[1]).items() if k.endswith(".tfrecord")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_bench_conversion(run, tmp_path, reference, sig):
+    work = tmp_path / "work"
+    cmd = run("bench", "conversion", "--data-dir", reference[0], "--workers", "2",
+              "--image-sizes", "500", "--repeats", "3", "--shard-size", "8", "--no-progress",
+              env={"CHEXNET_WORK_DIR": str(work)})
+    cmd.wait_for(lambda: len(cmd.workers()) >= 2
+                 and list(work.glob("conv-*/*.tmp-*")), "2 workers writing shards")
+    signal_and_check(cmd, sig, min_procs=2)
+    if sig == signal.SIGTERM:  # its cleanup ran: no temporary conversion left
+        assert not list(work.glob("conv-*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_train(run, tmp_path, reference, sig):
+    out = tmp_path / "run"
+    cmd = run("train", "--tfrecords", reference[1], "--arch", "small", "--image-size", "64",
+              "--epochs", "200", "--batch-size", "8", "--out", out)
+    cmd.wait_for(lambda: "training small" in cmd.output(), "the training loop")
+    signal_and_check(cmd, sig)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_bench_pipelines(run, tmp_path, reference, sig):
+    cmd = run("bench", "pipelines", "--tfrecords", reference[1], "--json",
+              tmp_path / "b.json", "--image-size", "64", "--batches", "400", "--repeats", "3")
+    cmd.wait_for(lambda: "... " in cmd.output(), "a timed pipeline run")
+    signal_and_check(cmd, sig)
+    assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_bench_scaling(run, tmp_path, reference, sig):
+    cmd = run("bench", "scaling", "--tfrecords", reference[1], "--workers", "2",
+              "--pipelines", "new", "--image-size", "64", "--steps", "100000",
+              "--json", tmp_path / "s.json")
+    cmd.wait_for(lambda: len(cmd.descendants("ipyparallel.engine")) >= 2
+                 and "timing" in cmd.output(), "2 MPI engines at work", timeout=120)
+    signal_and_check(cmd, sig, min_procs=4)  # controller, mpiexec, 2 engines
+
+
+NOTEBOOK = {
+    "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+               "source": "import pathlib, subprocess, sys, time\n"
+                         "child = subprocess.Popen([sys.executable, '-c', "
+                         "'import time; time.sleep(600)'])\n"
+                         "pathlib.Path(FLAG).write_text(str(child.pid))\n"
+                         "time.sleep(600)\n"}],
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                "language": "python"}},
+    "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_tutorial(run, tmp_path, sig):
+    flag = tmp_path / "started"
+    nb = dict(NOTEBOOK)
+    nb["cells"] = [dict(NOTEBOOK["cells"][0], source=f"FLAG = {str(flag)!r}\n"
+                        + NOTEBOOK["cells"][0]["source"])]
+    path = tmp_path / "90_sleep.ipynb"
+    path.write_text(json.dumps(nb))
+    cmd = run("tutorial", "--out", tmp_path / "out", path)
+    cmd.wait_for(flag.exists, "the notebook's cell to start its process")
+    tree = signal_and_check(cmd, sig, min_procs=2)  # the kernel and what it started
+    assert int(flag.read_text()) in tree.procs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_lab(run, tmp_path, sig):
+    from chexnet_utils.lab import free_port
+
+    port, token = free_port(), "t0k3n"
+    state = tmp_path / "jupyter"
+    env = {"JUPYTER_CONFIG_DIR": str(state / "config"), "JUPYTER_RUNTIME_DIR": str(state / "rt"),
+           "JUPYTER_DATA_DIR": os.environ.get("JUPYTER_DATA_DIR", ""),
+           "IPYTHONDIR": str(state / "ipython")}
+    env = {k: v for k, v in env.items() if v}
+    cmd = run("--notebook-dir", tmp_path, f"--port={port}", "--no-browser",
+              "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+              module="chexnet_utils.lab", env=env)
+
+    def api(path: str, method: str = "GET"):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                     headers={"Authorization": f"token {token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return json.loads(resp.read() or b"null")
+        except OSError:
+            return None
+
+    cmd.wait_for(lambda: api("/api/status"), "JupyterLab to answer")
+    assert api("/api/kernels", "POST"), "could not start a kernel"
+    cmd.wait_for(lambda: cmd.descendants("ipykernel"), "the kernel process")
+    signal_and_check(cmd, sig, min_procs=2)  # the server and its kernel

@@ -1,0 +1,147 @@
+"""A real Slurm on this machine: daemons up and down, the batch script, engines as a Slurm job.
+
+Every test needs ``munged``/``slurmctld``/``slurmd`` (``apt-get install slurm-wlm munge``) and
+root; without them they skip with that reason. The shared Slurm is the session fixture
+``local_slurm`` (tests/mpi/conftest.py), which checks by pid at the end that nothing is left.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from chexnet_utils.processes import alive
+from chexnet_utils.slurm import slurm_missing_reason
+from chexnet_utils.slurm_local import LocalSlurm
+
+pytestmark = pytest.mark.mpi
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "slurm_horovod.sbatch"
+# a 2-core, GPU-less node: the #SBATCH lines (2 nodes x 4 GPUs) overridden on the command line
+CPU_NODE = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
+            "--time=10"]
+CI_TRAIN = ["--arch", "small", "--image-size", "32", "--batch-size", "8", "--epochs", "1",
+            "--steps-per-epoch", "2"]
+
+
+@pytest.fixture(scope="module")
+def tfr(make_tfrecords) -> Path:  # noqa: ANN001  (tests/conftest.py)
+    """64 synthetic 32 px images in shards of 4 (9 training shards: both ranks get some)."""
+    return make_tfrecords(64, 32, 4)
+
+
+@pytest.fixture
+def submit_dir(tmp_path: Path, tfr: Path) -> Path:
+    """A submit directory laid out like the repository, as the script expects: ``.venv``
+    and ``build/tfrecords-full`` (links to this environment and the test data)."""
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix))
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "tfrecords-full").symlink_to(tfr)
+    return tmp_path
+
+
+def test_local_slurm_starts_idle_on_loopback_and_stops_every_daemon():
+    reason = slurm_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with LocalSlurm() as slurm:
+        conf = slurm.conf_path.read_text()
+        pids = slurm.processes()
+        daemons = dict(slurm.daemon_pids)
+        assert slurm.node_state() == "idle"
+        assert "SLURM_CONF" not in os.environ  # clients get it through slurm.env only
+        for line in ("SlurmUser=root", "ProctrackType=proctrack/linuxproc",
+                     "TaskPlugin=task/none", "JobCompType=jobcomp/filetxt", "NodeAddr=127.0.0.1"):
+            assert line in conf
+        ports = {int(line.split("=")[1]) for line in conf.splitlines()
+                 if line.startswith(("SlurmctldPort=", "SlurmdPort="))}
+        assert len(ports) == 2 and not ports & {6817, 6818}  # not the system Slurm's
+        assert f"AuthInfo=socket={slurm.state}/munge-run/munge.socket" in conf
+        srun = subprocess.run(["srun", "-n2", "sh", "-c", "echo $SLURM_PROCID"], env=slurm.env,
+                              capture_output=True, text=True, timeout=30)
+        assert sorted(srun.stdout.split()) == ["0", "1"], srun.stderr
+        state = slurm.state
+    assert set(daemons) == {"munged", "slurmctld", "slurmd"}
+    assert set(daemons.values()) <= set(pids)
+    assert alive(pids) == []
+    assert not state.exists()
+
+
+def test_batch_script_trains_on_two_tasks_to_completed(local_slurm, submit_dir):
+    job = local_slurm.submit(SCRIPT, CI_TRAIN, options=CPU_NODE, cwd=submit_dir)
+    state = local_slurm.wait_for_job(job, timeout=240)
+    log = submit_dir / f"chexnet-{job}.out"  # the script's --output, in the submit dir
+    assert state == "COMPLETED", log.read_text() if log.exists() else "no log"
+    info = local_slurm.job_info(job)
+    assert info["ExitCode"] == "0:0" and info["NumTasks"] == "2"
+    text = log.read_text()
+    assert f"job {job}: 2 tasks" in text and "mean AUROC" in text
+    metrics = json.loads((submit_dir / "build" / "runs" / f"slurm-{job}" / "metrics.json")
+                         .read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 16
+    assert local_slurm.jobcomp()[job]["JobState"] == "COMPLETED"
+
+
+def test_batch_script_with_a_bad_argument_fails_with_the_error_in_its_log(local_slurm,
+                                                                         submit_dir):
+    job = local_slurm.submit(SCRIPT, ["--arch", "nosuchnet"], options=CPU_NODE, cwd=submit_dir)
+    assert local_slurm.wait_for_job(job, timeout=90) == "FAILED"
+    assert local_slurm.job_info(job)["ExitCode"] != "0:0"
+    assert "invalid choice: 'nosuchnet'" in (submit_dir / f"chexnet-{job}.out").read_text()
+    assert local_slurm.jobcomp()[job]["JobState"] == "FAILED"
+
+
+def _rank_and_allreduce() -> dict:
+    """rank_info (hvd.init, pinning) and the sum of rank + 1 over all ranks."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from chexnet_utils.distributed import rank_info
+
+    info = rank_info()
+    return {**info, "sum": float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))}
+
+
+def test_engines_as_a_slurm_job_run_horovod_training_and_are_cancelled(local_slurm, tfr,
+                                                                       tmp_path, monkeypatch):
+    from chexnet_utils.slurm_engines import SlurmCluster
+    from chexnet_utils.training import train_on_engine
+
+    monkeypatch.chdir(tmp_path)  # nothing may be written to the current directory
+    cfg = dict(tfrecords=str(tfr), out_dir=str(tmp_path / "run"), arch="small", image_size=32,
+               batch_size=8, epochs=1, steps_per_epoch=2, verbose=0, tensorboard=False)
+    with SlurmCluster(n=2, slurm_conf=local_slurm.conf_path, engine_timeout=120,
+                      sbatch_options=["--cpus-per-task=1", "--time=10"]) as cluster:
+        job = cluster.job_id
+        assert cluster.job_state() == "RUNNING"
+        infos = cluster.run(_rank_and_allreduce, timeout=90)
+        under_slurm = local_slurm.processes()  # below slurmstepd: started by Slurm
+        results = cluster.run(train_on_engine, cfg, timeout=180)
+        engine_pids = list(cluster.engine_pids)
+        pids = cluster.pids()
+    assert [i["rank"] for i in infos] == [0, 1] and {i["size"] for i in infos} == {2}
+    assert set(engine_pids) <= set(under_slurm)
+    assert [i["sum"] for i in infos] == [3.0, 3.0]  # 1 + 2: Horovod allreduce over both
+    # the notebook-04 training, unchanged: lockstep ranks, rank 0 writes the files
+    assert [r["size"] for r in results] == [2, 2]
+    assert results[0]["weights_checksum"] == results[1]["weights_checksum"]
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["world_size"] == 2
+    # teardown: the job was cancelled and no engine (or controller) process is left
+    assert cluster.final_state == "CANCELLED"
+    assert local_slurm.job_info(job)["JobState"] == "CANCELLED"
+    assert alive(engine_pids) == [] and alive(pids) == []
+    assert set(local_slurm.processes()) <= set(local_slurm.daemon_pids.values()) | \
+        {p for d in local_slurm.daemon_pids.values() for p in _children(d)}
+    assert os.listdir(tmp_path) == ["run"]  # the batch script stayed in the private profile
+
+
+def _children(pid: int) -> list[int]:
+    from chexnet_utils.processes import descendants
+
+    return descendants(pid)

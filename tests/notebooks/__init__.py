@@ -1,0 +1,1 @@
+"""The notebooks test layer (see tests/conftest.py)."""

@@ -1,0 +1,1 @@
+"""The tf test layer (see tests/conftest.py)."""

@@ -1,0 +1,1 @@
+"""The unit test layer (see tests/conftest.py)."""

@@ -1,0 +1,126 @@
+"""Killed at any moment, nothing keeps running (issue 18): the pieces of
+:mod:`chexnet_utils.processes` (process-table queries, ``Terminated``, the command lifetime and
+its watchdog, worker start-up), each on a small Python child that says when it is ready. Every
+command killed for real is in tests/mpi/test_killed_cleanly.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from chexnet_utils import processes as P
+from tests.proctree import ProcessTree
+
+
+# ---- the pieces ----------------------------------------------------------------------------
+
+def test_pid_alive_and_descendants():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert P.pid_alive(child.pid)
+        assert child.pid in P.descendants(os.getpid())
+    finally:
+        child.kill()
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped
+    assert not P.pid_alive(child.pid)  # a zombie counts as gone
+    child.wait()
+    assert child.pid not in P.descendants(os.getpid())
+
+
+def test_terminated_is_a_keyboard_interrupt_with_exit_status():
+    assert issubclass(P.Terminated, KeyboardInterrupt)
+    assert P.exit_status(P.Terminated(signal.SIGTERM)) == 143
+    assert P.exit_status(P.Terminated(signal.SIGHUP)) == 129
+    assert P.exit_status(KeyboardInterrupt()) == 130
+
+
+def test_lifetime_marks_children_and_stops_leftovers_on_exit():
+    """A process started inside the block carries the token and is stopped on leaving it."""
+    code = "import time; print('ready', flush=True); time.sleep(60)"
+    with P.command_lifetime() as life:
+        assert life.token in P.lifeline_tokens()
+        stubborn = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        assert stubborn.stdout.readline().strip() == b"ready"
+        assert P.marked_processes(life.token) == [stubborn.pid]
+    assert stubborn.wait(timeout=1) == -signal.SIGTERM
+    assert life.token not in P.lifeline_tokens()
+    assert life.watchdog.poll() is not None
+
+
+def test_sigterm_inside_lifetime_raises_terminated_and_handler_is_restored():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(P.Terminated) as err, P.command_lifetime(watchdog=False):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs between two bytecodes
+            pass
+    assert err.value.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_second_sigterm_during_cleanup_is_noted_and_nothing_leaks_out():
+    cleaned = False
+    with P.command_lifetime(watchdog=False):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+        except P.Terminated:
+            os.kill(os.getpid(), signal.SIGTERM)  # a supervisor's second signal
+            for _ in range(1000):
+                pass
+            cleaned = True  # the cleanup was not cut short
+        with pytest.raises(P.Terminated):  # a library swallowed it: the command still stops
+            P.check_terminated()
+    assert cleaned
+    P.check_terminated()  # outside a command: nothing to re-raise
+
+
+def test_worker_whose_parent_is_already_gone_exits():
+    code = "from chexnet_utils.processes import worker_init; worker_init(parent=1); print('ran')"
+    if os.getppid() == 1:
+        pytest.skip("this test process is itself a child of pid 1")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 143 and "ran" not in proc.stdout
+
+
+def test_worker_init_restores_sigterm_and_sets_parent_death_signal():
+    code = ("import signal, sys\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "from chexnet_utils.processes import worker_init\n"
+            "worker_init()\n"
+            "import ctypes; v = ctypes.c_int(); libc = ctypes.CDLL(None)\n"
+            "libc.prctl(2, ctypes.byref(v), 0, 0, 0)\n"  # PR_GET_PDEATHSIG
+            "print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, v.value)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["True", str(int(signal.SIGKILL))]
+
+
+def test_watchdog_stops_the_tree_of_a_killed_parent(tmp_path):
+    """The watchdog alone (no pool, no parent-death signal): a parent inside a lifetime
+    starts a grandchild that ignores SIGTERM, then is SIGKILLed."""
+    code = ("import subprocess, sys, time\n"
+            "from chexnet_utils.processes import command_lifetime\n"
+            "with command_lifetime():\n"
+            "    c = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'])\n"
+            "    print(c.pid, flush=True); time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        grandchild = int(parent.stdout.readline())
+        tree = ProcessTree(parent.pid)
+        assert grandchild in tree.procs and len(tree) == 2  # the grandchild and the watchdog
+        import time
+
+        t0 = time.monotonic()
+        parent.kill()
+        parent.wait()
+        tree.assert_gone_by(t0 + 10, "after SIGKILL of their parent")
+    finally:
+        if parent.poll() is None:
+            parent.kill()

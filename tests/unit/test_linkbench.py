@@ -1,0 +1,55 @@
+"""Pure parts of the two-node link benchmark: expected link bytes, names, the CLI's exit 3."""
+
+from __future__ import annotations
+
+import pytest
+
+from chexnet_utils import cli, linkbench, netns
+
+
+def test_expected_link_bytes_ring_and_hierarchical() -> None:
+    s = 64 * 2**20
+    # two nodes, one rank each: every rank sends 2 (n-1)/n * S = S
+    assert linkbench.expected_link_bytes(s) == s
+    # 2 x 2 ranks, flat ring: 2 * 3/4 * S = 1.5 S cross each node's link
+    assert linkbench.expected_link_bytes(s, ranks_per_node=2) == 1.5 * s
+    # hierarchical: only the cross-node ring of 2 uses the link, whatever the ranks per node
+    assert linkbench.expected_link_bytes(s, ranks_per_node=2, hierarchical=True) == s
+    assert linkbench.expected_link_bytes(s, ranks_per_node=4, hierarchical=True) == s
+
+
+def test_relative_error_sign() -> None:
+    assert linkbench.relative_error(1.1, 1.0) == pytest.approx(0.1)
+    assert linkbench.relative_error(0.5, 1.0) == pytest.approx(-0.5)
+
+
+def test_names_fit_interface_limits_and_differ() -> None:
+    prefixes = {netns.new_prefix() for _ in range(50)}
+    assert len(prefixes) == 50
+    for p in prefixes:
+        assert len(p + "l") <= 15  # IFNAMSIZ - 1
+
+
+def test_tbf_command_burst_above_one_gso_segment() -> None:
+    cmd = netns.tbf_command("eth9", 1e9)
+    assert cmd[:7] == ["tc", "qdisc", "replace", "dev", "eth9", "root", "tbf"]
+    burst = int(cmd[cmd.index("burst") + 1])
+    assert burst == 125000  # 1 ms at 1 Gbit/s
+    assert int(netns.tbf_command("eth9", 1e6)[cmd.index("burst") + 1]) == 64 * 1024
+
+
+def test_bench_link_exits_3_without_namespaces(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(linkbench, "link_unavailable", lambda: "needs root (test)")
+    args = cli.build_parser().parse_args(["bench", "link", "--quick"])
+    assert args.handler(args) == 3
+    assert "needs root (test)" in capsys.readouterr().err
+
+
+def test_unknown_launcher_is_refused_before_building(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_build(*a: object, **k: object) -> None:
+        raise AssertionError("must not build namespaces")
+
+    monkeypatch.setattr(linkbench, "two_nodes", no_build)
+    with pytest.raises(ValueError, match="unknown launcher"):
+        linkbench.bench_link("quick", launchers=["ssh"])
