@@ -448,11 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--steps", type=int, default=50, help="timed steps per count (default 50)")
     b.add_argument("--warmup", type=int, default=20, help="untimed steps first (default 20)")
     b.add_argument("--pipeline", choices=("new", "old"), default="new")
-    b.add_argument("--mixed-precision", default="auto", choices=("auto", "on", "off"),
-                   help="mixed_float16 (auto: on with a GPU)")
-    b.add_argument("--xla", default="auto", choices=("auto", "on", "off"),
-                   help="jit_compile (auto: on only with HOROVOD_ENABLE_XLA_OPS=1 under "
-                        "Horovod; on sets it for the engines)")
+    for switch, what in (("--mixed-precision", "mixed_float16 (auto: on with a GPU)"),
+                         ("--xla", "jit_compile (auto: on only with HOROVOD_ENABLE_XLA_OPS=1 "
+                                   "under Horovod; on sets it for the engines)")):
+        b.add_argument(switch, default="auto", choices=("auto", "on", "off"), help=what)
     b.set_defaults(handler=_cmd_bench_gpu_node)
 
     b = bench.add_parser("link", help="Horovod across two network namespaces joined by a "

@@ -16,6 +16,14 @@ Expected link traffic of one ring allreduce of ``S`` bytes over ``N`` ranks: eve
 sends ``2 (N - 1) / N * S``; with two nodes of one rank each that is ``S`` per direction
 (:func:`expected_link_bytes` covers ``k`` ranks per node, flat ring and hierarchical).
 
+``HOROVOD_HIERARCHICAL_ALLREDUCE=1`` on this CPU build (no NCCL) changes nothing: Horovod's
+only hierarchical allreduces (``NCCLHierarchicalAllreduce``, ``NCCLTorusAllreduce``) are
+NCCL operations for GPU tensors; CPU tensors go to ``MPIAllreduce`` (one ``MPI_Allreduce``,
+Open MPI picks the algorithm) or ``GlooAllreduce`` whatever the flag. Measured with 2 x 2
+ranks: the same bytes cross the link with the flag on and off (Gloo's flat ring: 1.5 x the
+tensor; Open MPI's own choice for 4 ranks happens to send 1 x, what a hierarchical scheme
+would).
+
 ``python -m chexnet_utils.linkbench probe|tcp-recv|tcp-send ...`` are the programs run
 inside the namespaces (not meant to be called by hand).
 """
