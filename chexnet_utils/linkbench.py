@@ -164,7 +164,11 @@ def _probe(args: argparse.Namespace) -> int:
             if shaper:
                 subprocess.run(["tc", "qdisc", "del", "dev", iface, "root"],
                                capture_output=True)
-    print(json.dumps(out), flush=True)
+    # One line from rank 0 with every rank's result: long lines of several ranks may be
+    # interleaved by the launcher's output forwarding, and then only fragments would parse.
+    everyone = hvd.allgather_object(out)
+    if hvd.rank() == 0:
+        print(json.dumps({"probe_ranks": everyone}), flush=True)
     return 0
 
 
@@ -268,7 +272,8 @@ def run_probe(nodes: TwoNodes, launcher: str = "mpirun", sizes: Sequence[int] = 
     else:
         cmd = nodes.horovodrun_argv(argv, slots=slots)
     out = nodes.launch(cmd, timeout=timeout, env=env)
-    ranks = [o for o in json_objects(out.stdout) if "rank" in o]
+    found = [o for o in json_objects(out.stdout) if "probe_ranks" in o]
+    ranks = list(found[-1]["probe_ranks"]) if found else []
     if len(ranks) != 2 * slots:
         raise RuntimeError(f"expected {2 * slots} rank results, got {len(ranks)}:\n"
                            f"{out.stdout[-2000:]}")
