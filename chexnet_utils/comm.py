@@ -10,7 +10,7 @@ in one module per concern:
 - :mod:`chexnet_utils.steptimer`: one training step timed with Horovod or
   MultiWorkerMirroredStrategy (``StepConfig``, ``hvd_throughput_on_engine``,
   ``mwms_setup_on_engine``, ``mwms_throughput_on_engine``,
-  ``backend_throughput_on_engine``, whose old name ``throughput_on_engine`` stays here);
+  ``backend_throughput_on_engine``);
 - :mod:`chexnet_utils.costmodel`: bandwidths, the alpha-beta model, predictions, the numpy
   simulations of both algorithms, CheXNet's gradient sizes;
 - :mod:`chexnet_utils.hvd_timeline`: Horovod timelines recorded, parsed and summarised;
@@ -68,7 +68,6 @@ from chexnet_utils.steptimer import (
     mwms_setup_on_engine,
     mwms_throughput_on_engine,
     tf_config,
-    throughput_on_engine,
 )
 
 __all__ = [
@@ -79,7 +78,6 @@ __all__ = [
     # steptimer
     "StepConfig", "hvd_throughput_on_engine", "free_local_port", "tf_config",
     "mwms_setup_on_engine", "mwms_throughput_on_engine", "backend_throughput_on_engine",
-    "throughput_on_engine",
     # costmodel
     "algbw", "busbw", "cost_coefficients", "fit_alpha_beta", "predict", "predict_ring",
     "predict_ps", "scaling_efficiency_prediction", "simulate_ring_allreduce",

@@ -264,6 +264,7 @@ class MPICluster:
         self.profile_parent: str | None = None  # where the private profile folder is made
         self.start_seconds: float | None = None
         self.stop_seconds: float | None = None
+        self._started_at: float | None = None
 
     def env_overrides(self) -> dict[str, str]:
         """What the controller and engines get on top of this process's environment:
@@ -308,6 +309,7 @@ class MPICluster:
         if self.cluster is not None:
             raise RuntimeError("cluster already started")
         t0 = time.perf_counter()
+        self._started_at = time.time()
         self._profile_dir = tempfile.mkdtemp(prefix="chexnet-ipp-",  # mode 0700
                                              dir=self.profile_parent)
         os.chmod(self._profile_dir, 0o700)
@@ -376,7 +378,7 @@ class MPICluster:
 
         import psutil
 
-        from chexnet_utils.processes import pid_alive, wait_gone
+        from chexnet_utils.processes import pid_alive, remove_orphan_shm_segments, wait_gone
 
         t0 = time.perf_counter()
         if self.cluster is not None:
@@ -426,6 +428,8 @@ class MPICluster:
         wait_gone(alive, timeout=5)
         if self._profile_dir:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
+        if self._started_at is not None:  # shared memory of engines killed with SIGKILL
+            remove_orphan_shm_segments(since=self._started_at)
         self.cluster = self.client = self.view = None
         self.stop_seconds = time.perf_counter() - t0
 

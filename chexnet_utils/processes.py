@@ -362,3 +362,53 @@ def exit_status(exc: KeyboardInterrupt) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(watchdog_main())
+
+
+def _paths_in_use() -> set[str]:
+    """Every file some process has open or mapped (``/proc/*/fd`` and ``/proc/*/maps``;
+    processes we may not look into are skipped)."""
+    used: set[str] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/maps", encoding="utf-8", errors="replace") as f:
+                used.update(line.split(None, 5)[5].strip() for line in f
+                            if line.count(" ") >= 5 and "/" in line)
+            for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                with contextlib.suppress(OSError):
+                    used.add(os.readlink(fd.path))
+        except (OSError, IndexError):
+            continue
+    return {u.removesuffix(" (deleted)") for u in used}
+
+
+def orphan_shm_segments(since: float = 0.0, prefix: str = "vader_segment.",
+                        shm_dir: str = "/dev/shm") -> list[str]:
+    """Open MPI shared-memory segments (``/dev/shm/vader_segment.*``) changed at or after
+    ``since`` (a ``time.time()``) that no process has open or mapped any more.
+
+    Open MPI removes its segments when its ranks end normally; a rank killed with SIGKILL
+    (a dead worker, a cancelled job, a test of exactly that) leaves its segment behind, 4 MiB
+    of RAM each. A segment nobody maps can no longer be used: it is garbage.
+    """
+    try:
+        found = [e.path for e in os.scandir(shm_dir)
+                 if e.name.startswith(prefix) and e.stat().st_mtime >= since]
+    except OSError:
+        return []
+    if not found:
+        return []
+    used = _paths_in_use()
+    return [p for p in found if p not in used]
+
+
+def remove_orphan_shm_segments(since: float = 0.0, prefix: str = "vader_segment.",
+                               shm_dir: str = "/dev/shm") -> list[str]:
+    """Delete :func:`orphan_shm_segments` and return their paths."""
+    removed = []
+    for path in orphan_shm_segments(since, prefix, shm_dir):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(path)
+    return removed

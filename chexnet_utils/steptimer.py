@@ -4,7 +4,7 @@ The same training step (synthetic in-memory batch, forward, loss, gradients, ave
 update) timed with Horovod averaging the gradients (:func:`hvd_throughput_on_engine`) or
 with ``tf.distribute.MultiWorkerMirroredStrategy`` (:func:`mwms_setup_on_engine`, then
 :func:`mwms_throughput_on_engine`), switched by one flag
-(:func:`backend_throughput_on_engine`; :func:`throughput_on_engine` is its old name). What
+(:func:`backend_throughput_on_engine`). What
 to run is a :class:`StepConfig`. Everything ending in ``_on_engine`` runs on every worker at
 once (``cluster.run(fn, ...)``). Not to be confused with
 :func:`chexnet_utils.scaling.throughput_on_engine` (the Horovod step of
@@ -384,6 +384,3 @@ def backend_throughput_on_engine(backend: str = "horovod",
         return mwms_throughput_on_engine(cfg, **kwargs)
     raise ValueError(f"backend must be 'horovod' or 'mwms', got {backend!r}")
 
-
-throughput_on_engine = backend_throughput_on_engine
-"""The old name of :func:`backend_throughput_on_engine` (notebook 05 uses it)."""

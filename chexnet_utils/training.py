@@ -153,10 +153,6 @@ __all__ = [
     "weights_checksum",
 ]
 
-# Older names of two helpers that moved (tests and engine code call them by these).
-_callback_classes = callback_classes
-_eval_dataset = eval_dataset
-
 PIPELINES = ("new", "old")
 
 

@@ -115,9 +115,9 @@ def test_burst_and_training_steps_with_both_back_ends(cluster, tmp_path):
     assert burst["n_tensors"] == 3 and burst["median_s"] > 0
     cfg = {"arch": "small", "image_size": 32, "batch_size": 4, "steps": 2, "warmup_steps": 1}
     timeline = tmp_path / "tl.json"
-    hvd_res = cluster.run(comm.throughput_on_engine, "horovod", cfg,
+    hvd_res = cluster.run(comm.backend_throughput_on_engine, "horovod", cfg,
                           timeline_path=str(timeline), timeline_steps=2, timeout=180)
-    mwms_res = cluster.run(comm.throughput_on_engine, "mwms", cfg, timeout=180)
+    mwms_res = cluster.run(comm.backend_throughput_on_engine, "mwms", cfg, timeout=180)
     for res in (hvd_res, mwms_res):
         assert [r["rank"] for r in res] == [0, 1] and all(r["img_per_s"] > 0 for r in res)
         # gradients averaged: both workers hold the same weights

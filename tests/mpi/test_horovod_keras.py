@@ -138,6 +138,8 @@ def _validation_logs(tfr: str, distributed: bool) -> dict:
     from chexnet_utils import training as T
     from chexnet_utils.models import WeightedBCE, build_chexnet
     from chexnet_utils.tfrecords import list_shards
+    from chexnet_utils.train_callbacks import callback_classes
+    from chexnet_utils.train_data import eval_dataset
 
     hvd.init()
     keras.utils.set_random_seed(0)
@@ -147,8 +149,8 @@ def _validation_logs(tfr: str, distributed: bool) -> dict:
             if isinstance(sub, keras.layers.BatchNormalization):
                 sub.moving_mean.assign(sub.moving_mean + 0.3 * hvd.rank())
     sums, n = T.training_label_sums(tfr)
-    ds = T._eval_dataset(list_shards(tfr, "val") + list_shards(tfr, "test"), 8, 32, False)
-    cb = T._callback_classes()["Validation"](ds, WeightedBCE.from_label_sums(sums, n),
+    ds = eval_dataset(list_shards(tfr, "val") + list_shards(tfr, "test"), 8, 32, False)
+    cb = callback_classes()["Validation"](ds, WeightedBCE.from_label_sums(sums, n),
                                              distributed)
     cb.set_model(model)
     logs: dict = {}
