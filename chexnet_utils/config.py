@@ -48,7 +48,7 @@ class Scale:
     """Largest number of Horovod engines the notebooks start."""
     shard_size: int | None
     """Images per TFRecord shard (``None``: about 100 MB per shard, TF's usual advice)."""
-    bench_batches: int = 10
+    bench_batches: int = 8
     """Batches timed per input-pipeline measurement (notebooks 02 and 06)."""
     bench_repeats: int = 3
     """Runs per measurement; the median is reported (notebooks 02 and 03)."""
@@ -60,7 +60,7 @@ class Scale:
 
 SCALES: dict[str, Scale] = {
     "ci": Scale("ci", n_images=600, source_size=1024, image_size=128, arch="small",
-                batch_size=16, epochs=5, max_workers=2, shard_size=32),
+                batch_size=16, epochs=5, max_workers=2, shard_size=32, bench_repeats=2),
     "workstation": Scale("workstation", n_images=6000, source_size=1024, image_size=224,
                          arch="densenet121", batch_size=16, epochs=5, max_workers=4,
                          shard_size=256),

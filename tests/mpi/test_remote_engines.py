@@ -63,24 +63,22 @@ def _echo(text: str) -> str:
     return text + "!"
 
 
-@pytest.mark.parametrize("curve", [True, False], ids=["curve", "plaintext"])
-def test_marker_on_the_wire_only_without_curve(other_host, curve):
-    ns, host_if = other_host
+def _echo_through_the_link(rc: RemoteEngines, host_if: str, curve: bool
+                           ) -> tuple[PacketCapture, str]:
+    """Check where the controller listens and its files, then send a marker to the engine and
+    back while capturing the link; returns the capture and the marker."""
+    listening = rc.controller_listening()
+    # that interface only: no wildcard; loopback carries the controller's own processes
+    assert {a for a in listening if not a.startswith("127.")} == {HOST_IP}
+    assert (rc.server_key() is not None) == curve
+    assert os.stat(rc.profile_dir).st_mode & 0o777 == 0o700
+    for kind in ("engine", "client"):                       # the files that carry the key
+        assert os.stat(rc.connection_file(kind)).st_mode & 0o777 == 0o600
     marker = f"MARKER-{uuid.uuid4().hex}"
-    with RemoteEngines(HOST_IP, n=1, launch=["ip", "netns", "exec", ns], curve=curve) as rc:
-        listening = rc.controller_listening()
-        # that interface only: no wildcard; loopback carries the controller's own processes
-        assert {a for a in listening if not a.startswith("127.")} == {HOST_IP}
-        assert (rc.server_key() is not None) == curve
-        assert os.stat(rc.profile_dir).st_mode & 0o777 == 0o700
-        for kind in ("engine", "client"):                   # the files that carry the key
-            assert os.stat(rc.connection_file(kind)).st_mode & 0o777 == 0o600
-        with PacketCapture(host_if) as cap:
-            assert rc.view.apply_sync(_echo, marker) == [marker + "!"]
-        pids = [*rc.engine_pids, *(p.pid for p in rc.engines)]
+    with PacketCapture(host_if) as cap:
+        assert rc.view.apply_sync(_echo, marker) == [marker + "!"]
     assert cap.frames > 0                                   # the engine's traffic crossed the link
-    assert cap.contains(marker) is (not curve)              # plain text exactly when curve is off
-    assert alive(pids) == []
+    return cap, marker
 
 
 _CONNECT = ("import sys, ipyparallel as ipp\n"
@@ -100,14 +98,28 @@ def _try_client(connection_file) -> str:
     return out.stdout.strip() or out.stderr.strip().splitlines()[-1]
 
 
-def test_client_without_the_server_key_cannot_connect(other_host, tmp_path):
-    ns, _ = other_host
-    with RemoteEngines(HOST_IP, n=1, launch=["ip", "netns", "exec", ns]) as rc:
+def test_with_curve_no_plaintext_on_the_wire_and_no_client_without_the_key(other_host, tmp_path):
+    ns, host_if = other_host
+    with RemoteEngines(HOST_IP, n=1, launch=["ip", "netns", "exec", ns], curve=True) as rc:
+        cap, marker = _echo_through_the_link(rc, host_if, curve=True)
         info = json.loads(open(rc.connection_file("client")).read())
         info.pop("curve_serverkey")
         stolen = tmp_path / "no-key.json"
         stolen.write_text(json.dumps(info))
         without_key = _try_client(stolen)
         with_key = _try_client(rc.connection_file("client"))   # the control: this one works
+        pids = [*rc.engine_pids, *(p.pid for p in rc.engines)]
+    assert not cap.contains(marker)
     assert not without_key.startswith("connected"), without_key
     assert with_key == "connected [0]"
+    assert alive(pids) == []
+
+
+def test_without_curve_the_marker_crosses_the_link_in_plain_text(other_host):
+    """The control: the same capture sees the marker when encryption is off."""
+    ns, host_if = other_host
+    with RemoteEngines(HOST_IP, n=1, launch=["ip", "netns", "exec", ns], curve=False) as rc:
+        cap, marker = _echo_through_the_link(rc, host_if, curve=False)
+        pids = [*rc.engine_pids, *(p.pid for p in rc.engines)]
+    assert cap.contains(marker)
+    assert alive(pids) == []
