@@ -70,3 +70,14 @@ def write_json_atomic(path: Path | str, obj: Any, tmp: Path | str | None = None,
         text = _NUMBER_LIST.sub(
             lambda m: "[" + ", ".join(m.group(1).replace(",", " ").split()) + "]", text)
     write_text_atomic(path, text + "\n", tmp=tmp)
+
+
+def make_private(folder: Path | str) -> None:
+    """Only the owner may read what is in ``folder``: the folder and its subfolders 0700,
+    every file 0600 (connection files with keys, state of a local cluster)."""
+    os.chmod(folder, 0o700)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o700)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o600)

@@ -53,7 +53,7 @@ STATE_NAME = "state.json"
 CSV_NAME = "log.csv"
 TENSORBOARD_DIR = "tensorboard"
 METRICS_NAME = "metrics.json"
-STATE_FORMAT = "chexnet_utils.training/1"
+STATE_FORMAT = "chexnet_utils.training/1"  # frozen: checkpoints written before the split load
 
 
 def nan_if_none(v: Any) -> float:

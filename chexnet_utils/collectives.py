@@ -322,7 +322,7 @@ def allreduce_burst_times(tensor_elems: Sequence[int], repeats: int = 5, warmup:
     all in flight together and Horovod's **tensor fusion** may pack the ready ones into one
     buffer of up to ``HOROVOD_FUSION_THRESHOLD`` bytes and reduce them in one go (one latency
     instead of hundreds). ``mode="grouped"`` uses ``hvd.grouped_allreduce`` (what
-    :mod:`chexnet_utils.training` does): the group is negotiated as one unit.
+    :mod:`chexnet_utils.dataparallel` does): the group is negotiated as one unit.
 
     Fusion settings are read from the environment at ``hvd.init()``, so compare them on
     separate clusters (``MPICluster(env={"HOROVOD_FUSION_THRESHOLD": "0"})``). Run on every

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import threading
 
+from chexnet_utils.atomic import make_private
 from chexnet_utils.devices import cpu_thread_budget, usable_cores
 
 ROOT_SWITCHES = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -221,10 +222,11 @@ class MPICluster:
         with MPICluster(n=2) as cluster:
             ranks = cluster.run(rank_info)          # runs on every engine, sorted by rank
 
-    * The controller listens on **loopback** (``127.0.0.1``) unless you name an interface
-      (``controller_ip="0.0.0.0"`` or an address, and ``location=`` the address engines
-      should use); its connection files live in a private folder (mode 0700, files 0600)
-      that is deleted at teardown.
+    * The controller listens on **loopback** (``127.0.0.1``) unless you name the address of
+      an interface (``controller_ip=``, and ``location=`` the address engines should use);
+      off loopback CurveZMQ encryption is on (``curve=None``: on exactly then; see
+      :mod:`chexnet_utils.remote_engines`). Its connection files live in a private folder
+      (mode 0700, files 0600) that is deleted at teardown.
     * As root, Open MPI's allow-root switches are set for ``mpiexec``; every engine gets a
       CPU thread budget of ``cores // n`` (see :func:`mpi_env_overrides`).
     * ``map_by`` / ``bind_to`` / ``hostfile`` / ``mpi_args`` go to ``mpiexec`` unchanged
@@ -239,14 +241,15 @@ class MPICluster:
                  hostfile: str | None = None, mpi_args: Sequence[str] = (),
                  controller_ip: str = "127.0.0.1", location: str | None = None,
                  engine_timeout: float = 60, stop_timeout: float = 10,
-                 env: Mapping[str, str] | None = None, oversubscribe: bool | None = None
-                 ) -> None:
+                 env: Mapping[str, str] | None = None, oversubscribe: bool | None = None,
+                 curve: bool | None = None) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         self.n = n
         self.map_by, self.bind_to, self.hostfile = map_by, bind_to, hostfile
         self.mpi_args = list(mpi_args)
         self.controller_ip, self.location = controller_ip, location
+        self.curve = not controller_ip.startswith("127.") if curve is None else curve
         self.engine_timeout, self.stop_timeout = engine_timeout, stop_timeout
         self.env = dict(env or {})
         from chexnet_utils.devices import usable_cores
@@ -315,14 +318,15 @@ class MPICluster:
         os.chmod(self._profile_dir, 0o700)
         cfg = Config()
         env = self.env_overrides()
-        cfg.LocalControllerLauncher.environment = env
-        self.cluster = ipp.Cluster(
-            engines=self._engine_launcher(cfg, env), n=self.n, profile_dir=self._profile_dir,
-            config=cfg,
-            controller_ip=self.controller_ip, engine_timeout=int(self.engine_timeout),
-            shutdown_atexit=True, log_level=40,
-            **({"controller_location": self.location} if self.location else {}))
+        cfg.LocalControllerLauncher.environment = {
+            **env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
         try:
+            self.cluster = ipp.Cluster(
+                engines=self._engine_launcher(cfg, env), n=self.n,
+                profile_dir=self._profile_dir, config=cfg,
+                controller_ip=self.controller_ip, engine_timeout=int(self.engine_timeout),
+                shutdown_atexit=True, log_level=40,
+                **({"controller_location": self.location} if self.location else {}))
             self.client = self.cluster.start_and_connect_sync()
             self._secure_connection_files()
             # cloudpickle: functions and closures defined in a notebook travel by value
@@ -340,10 +344,7 @@ class MPICluster:
 
     def _secure_connection_files(self) -> None:
         assert self._profile_dir is not None
-        for root, _dirs, files in os.walk(self._profile_dir):
-            for name in files:
-                if name.endswith(".json"):
-                    os.chmod(os.path.join(root, name), 0o600)
+        make_private(self._profile_dir)
 
     def _launcher_pids(self) -> list[int]:
         pids = []

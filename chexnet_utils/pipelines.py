@@ -41,7 +41,7 @@ Two TensorFlow defaults that would blur the comparison
   Pipelines that model "no parallel map" switch that optimisation off.
 * ``tf.data`` *injects a prefetch* at the end of a pipeline whose last step is synchronous
   (``inject_prefetch``). Both builders end in an explicit prefetch, so it never applies here;
-  :mod:`chexnet_utils.benchmark` switches it off where it simulates a non-pipelined loop.
+  :mod:`chexnet_utils.bench_pipeline` switches it off where it simulates a non-pipelined loop.
 """
 
 from __future__ import annotations

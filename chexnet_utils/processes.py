@@ -273,12 +273,43 @@ def _note_only(signum: int, frame: object) -> None:
     _received.append(signum)
 
 
+TERM_GRACE_S = 8.0
+"""After SIGTERM/SIGHUP, once the command's code has finished (its main thread ended), the
+interpreter still waits for non-daemon threads; if that takes longer than this (a library's
+worker that never ends, or a signal that landed inside an import in C code and surfaced as a
+``SystemError``), the process exits anyway with 128 + signal, and the command's watchdog stops
+whatever it started."""
+
+
+def _exit_if_stuck_after(signum: int) -> None:
+    """Daemon thread: after the grace period, exit once the main thread has been over for
+    2 s while the process lives on (stuck joining threads at shutdown). A process that
+    handled the signal and goes on working is left alone."""
+    import threading
+    import time
+
+    time.sleep(TERM_GRACE_S)
+    dead_since = None
+    while True:
+        if threading.main_thread().is_alive():
+            dead_since = None
+        elif dead_since is None:
+            dead_since = time.monotonic()
+        elif time.monotonic() - dead_since > 2.0:
+            os._exit(128 + signum)
+        time.sleep(0.25)
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
+    import threading
+
     _received.append(signum)
     # A second signal while the command cleans up is noted, not raised: the cleanup the
     # first one started runs to its end.
     for sig in _TERMINATING:
         signal.signal(sig, _note_only)
+    threading.Thread(target=_exit_if_stuck_after, args=(signum,), daemon=True,
+                     name="exit-if-stuck").start()
     raise Terminated(signum)
 
 

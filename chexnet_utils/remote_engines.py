@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from chexnet_utils.atomic import make_private
 from chexnet_utils.processes import alive, wait_gone
 
 
@@ -82,9 +83,7 @@ class RemoteEngines:
 
     def _secure_files(self) -> None:
         assert self.profile_dir is not None
-        for root, _dirs, files in os.walk(self.profile_dir):
-            for name in files:
-                os.chmod(os.path.join(root, name), 0o600)
+        make_private(self.profile_dir)
 
     def server_key(self) -> str | None:
         """The controller's public CurveZMQ key from the client file (``None``: curve off)."""
@@ -103,9 +102,9 @@ class RemoteEngines:
         cfg = Config()
         cfg.LocalControllerLauncher.environment = {
             **self.env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
-        self.cluster = ipp.Cluster(profile_dir=self.profile_dir, controller_ip=self.ip, n=0,
-                                   config=cfg, log_level=40, shutdown_atexit=True)
         try:
+            self.cluster = ipp.Cluster(profile_dir=self.profile_dir, controller_ip=self.ip,
+                                       n=0, config=cfg, log_level=40, shutdown_atexit=True)
             self.cluster.start_controller_sync()
             self._wait_for_files(time.monotonic() + self.engine_timeout)
             self._secure_files()

@@ -13,7 +13,8 @@ on one machine). Horovod initialises on them as on any MPI job, and everything w
 ``slurm_conf``: the ``slurm.conf`` to use (default: the system's, or ``$SLURM_CONF``; the
 one-machine Slurm of :mod:`chexnet_utils.slurm_local` passes its own). On a real cluster the
 engines on other nodes must reach the controller and read its connection file: pass
-``controller_ip`` (an interface, or ``"0.0.0.0"``), ``location`` (the address engines dial)
+``controller_ip`` (the address of the cluster-network interface: CurveZMQ encryption is then
+on, see :class:`~chexnet_utils.distributed.MPICluster`), ``location`` (the address engines dial)
 and ``profile_parent`` (a folder on the shared file system, e.g. in ``$HOME``).
 """
 
@@ -161,6 +162,10 @@ class SlurmCluster(MPICluster):
         the job ended and every local engine process is gone (SIGKILL after
         ``stop_timeout``)."""
         job = self.job_id
+        if job is None and self.cluster is not None:  # start failed: the job may be queued
+            launchers = list(self.cluster.engines.values())
+            job = str(launchers[0].job_id) if launchers and \
+                getattr(launchers[0], "job_id", None) else None
         if self.cluster is not None and self.view is not None:
             try:
                 self._track_processes()

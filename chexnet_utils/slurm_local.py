@@ -190,8 +190,9 @@ class LocalSlurm:
                                f"--dir {st})")
         key = st / "munge" / "munge.key"
         key.unlink(missing_ok=True)
-        key.write_bytes(secrets.token_bytes(1024))
-        os.chmod(key, 0o400)
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)  # never readable by others
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(1024))
         ctld_port, slurmd_port = free_ports(2)
         self.conf_path.write_text(slurm_conf(st, ctld_port, slurmd_port, node_hardware()))
         env = self.env

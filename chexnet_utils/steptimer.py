@@ -125,7 +125,7 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
 
     The step is a ``tf.function``: forward, loss, ``tape.gradient``, average the gradients
     with Horovod, ``optimizer.apply_gradients`` (SGD). ``reduction="grouped"`` averages them
-    in one ``hvd.grouped_allreduce``, ``"per_tensor"`` (as :mod:`chexnet_utils.training`)
+    in one ``hvd.grouped_allreduce``, ``"per_tensor"`` (as :mod:`chexnet_utils.dataparallel`)
     with one ``hvd.allreduce`` per gradient (like ``hvd.DistributedGradientTape``); optional
     ``compression="fp16"``. Rank 0's initial weights are broadcast first.
 
@@ -217,7 +217,7 @@ def _throughput(runs: list[float], c: StepConfig, n: int) -> dict[str, Any]:
 
 
 class _OptimizerHolder:
-    """What :func:`chexnet_utils.training.broadcast_initial_state` needs: ``.variables``
+    """What :func:`chexnet_utils.dataparallel.broadcast_initial_state` needs: ``.variables``
     and ``.optimizer.variables``."""
 
     def __init__(self, model: Any, optimizer: Any) -> None:

@@ -13,3 +13,27 @@ def test_mpiexec_options_are_passed_through():
     assert "--oversubscribe" in MPICluster(n=64)._mpiexec_args()
     with pytest.raises(ValueError):
         MPICluster(n=0)
+
+
+def test_curve_is_on_exactly_when_the_controller_leaves_loopback():
+    from chexnet_utils.distributed import MPICluster
+
+    assert MPICluster(n=2).curve is False
+    assert MPICluster(n=2, controller_ip="10.77.0.1").curve is True
+    assert MPICluster(n=2, controller_ip="10.77.0.1", curve=False).curve is False
+
+
+def test_make_private_closes_the_folder_and_its_files(tmp_path):
+    import os
+    import stat
+
+    from chexnet_utils.atomic import make_private
+
+    (tmp_path / "security").mkdir(mode=0o755)
+    key = tmp_path / "security" / "ipcontroller-client.json"
+    key.write_text("{}")
+    key.chmod(0o644)
+    make_private(tmp_path)
+    assert stat.S_IMODE(os.stat(tmp_path).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path / "security").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600

@@ -124,3 +124,38 @@ def test_watchdog_stops_the_tree_of_a_killed_parent(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_a_command_that_cannot_finish_its_cleanup_still_exits_after_the_grace_period():
+    """A thread that never ends (a library's non-daemon worker) would keep the interpreter
+    alive after SIGTERM: once the main thread is over, the deadline armed by the handler
+    exits with 128 + 15 anyway (work the command still does in its main thread is not cut)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import threading, time, sys\n"
+        "from chexnet_utils import processes as P\n"
+        "P.TERM_GRACE_S = 0.5\n"
+        "with P.command_lifetime(watchdog=False):\n"
+        "    threading.Thread(target=time.sleep, args=(600,)).start()  # never joins in time\n"
+        "    try:\n"
+        "        print('ready', flush=True)\n"
+        "        time.sleep(600)\n"
+        "    except P.Terminated:\n"
+        "        print('terminated', flush=True)\n"
+        "time.sleep(1.0)   # still working after handling it: the deadline leaves it alone\n"
+        "print('went on', flush=True)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"    # handshake, no sleep
+        t0 = time.monotonic()
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=30) == 128 + signal.SIGTERM
+        assert child.stdout.read().split() == ["terminated", "went", "on"]
+        assert time.monotonic() - t0 < 20
+    finally:
+        child.kill()
+        child.wait()
