@@ -60,7 +60,8 @@ class Scale:
 
 SCALES: dict[str, Scale] = {
     "ci": Scale("ci", n_images=600, source_size=1024, image_size=128, arch="small",
-                batch_size=16, epochs=5, max_workers=2, shard_size=32, bench_repeats=2),
+                batch_size=16, epochs=5, max_workers=2, shard_size=32, bench_repeats=2,
+                bench_steps=6),
     "workstation": Scale("workstation", n_images=6000, source_size=1024, image_size=224,
                          arch="densenet121", batch_size=16, epochs=5, max_workers=4,
                          shard_size=256),

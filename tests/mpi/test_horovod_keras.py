@@ -126,7 +126,8 @@ def test_per_tensor_allreduce_overlaps_the_backward_pass(cluster, tmp_path):
     # grouped: every gradient reaches Horovod at the same instant, after the backward pass;
     # per tensor: the first ones are on their way while later layers are differentiated
     assert max(grouped["spread_ms"]) < 1.0
-    assert np.median(per["spread_ms"]) > 2.0 + 5 * max(grouped["spread_ms"])
+    # (ratio, not an absolute 2 ms: on two busy cores the backward pass itself is short)
+    assert np.median(per["spread_ms"]) > max(0.5, 20 * max(grouped["spread_ms"]))
 
 
 def _validation_logs(tfr: str, distributed: bool) -> dict:
