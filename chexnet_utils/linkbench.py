@@ -37,7 +37,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,7 @@ def _probe(args: argparse.Namespace) -> int:
 
     hvd = init_horovod()
     iface = _link_iface()
-    out: dict[str, Any] = {"rank": hvd.rank(), "size": hvd.size(),
+    out: dict[str, Any] = {"rank": hvd.rank(), "size": hvd.size(), "pid": os.getpid(),
                            "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
                            "mpi": bool(hvd.mpi_enabled()), "gloo": bool(hvd.gloo_enabled()),
                            "iface": iface,
@@ -173,14 +173,16 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _tcp_recv(args: argparse.Namespace) -> int:
-    """Accept one connection, read ``bytes``; print the time from first to last byte."""
+    """Accept one connection, read ``bytes``; print the bytes received after the first
+    read and the time they took (the clock starts when the first data arrives, so the
+    bytes of that first read are not counted: they arrived before the clock started)."""
     with socket.create_server((args.host, args.port)) as srv:
         srv.settimeout(60)
         conn, _ = srv.accept()
         with conn:
             buf = bytearray(4 * MIB)
             view = memoryview(buf)
-            got = conn.recv_into(view)
+            first = got = conn.recv_into(view)
             t0 = time.perf_counter()
             while got < args.bytes:
                 n = conn.recv_into(view)
@@ -188,7 +190,7 @@ def _tcp_recv(args: argparse.Namespace) -> int:
                     break
                 got += n
             dt = time.perf_counter() - t0
-    print(json.dumps({"bytes": got, "seconds": dt}), flush=True)
+    print(json.dumps({"bytes": got - first, "seconds": dt, "total_bytes": got}), flush=True)
     return 0
 
 
@@ -284,8 +286,9 @@ def tcp_throughput(nodes: TwoNodes, nbytes: int = 256 * MIB, timeout: float = 12
                    ) -> dict[str, float]:
     """Raw TCP from nodeA to nodeB: one socket, ``nbytes``, timed by the receiver.
 
-    Returns ``bytes``, ``seconds`` and ``bytes_per_s``. Both ends are plain Python (a
-    4 MiB buffer each way), the same interpreter that runs the ranks.
+    Returns ``bytes`` (those after the receiver's first read, when its clock starts),
+    ``seconds`` and ``bytes_per_s``. Both ends are plain Python (a 4 MiB buffer each way),
+    the same interpreter that runs the ranks.
     """
     prog = [sys.executable, "-m", "chexnet_utils.linkbench"]
     recv = subprocess.Popen(nodes.exec_argv(1, [*prog, "tcp-recv", "--host", nodes.ips[1],
@@ -485,6 +488,29 @@ def link_tables(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
              "hierarchical expects": format_bytes(r["expected_hierarchical"]),
              "time ms": r["time_s"] * 1e3} for r in result["hierarchical"]]
     return tables
+
+
+def loopback_comparison(result: dict[str, Any],
+                        loopback: Mapping[str, tuple[float, float]]) -> list[dict[str, Any]]:
+    """Table rows: the alpha-beta fits of one machine's loopback (``loopback``: name ->
+    ``(alpha_s, beta_s_per_byte)``, e.g. notebook 05's section 6 fits) beside the same fits
+    across the two nodes' link, unshaped and shaped (from a :func:`bench_link` result).
+
+    ``1/beta`` is the bandwidth the model sees; loopback and an unshaped veth are both
+    limited by the CPUs copying, the shaped link by its rate."""
+    gbit = 8 / 1e9
+
+    def row(where: str, launcher: str, alpha: float, beta: float) -> dict[str, Any]:
+        return {"where": where, "launcher": launcher, "alpha us": alpha * 1e6,
+                "1/beta Gbit/s": gbit / beta if beta > 0 else float("inf")}
+
+    rows = [row("one machine (loopback, shared memory)", name, a, b)
+            for name, (a, b) in loopback.items()]
+    rate = f"two nodes, tbf {result['rate_bit'] / 1e9:g} Gbit/s"
+    for link, where in (("unshaped", "two nodes, veth unshaped"), ("shaped", rate)):
+        rows += [row(where, name, result[link][name]["alpha_s"],
+                     result[link][name]["beta_s_per_byte"]) for name in result["launchers"]]
+    return rows
 
 
 def format_link(result: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chexnet_utils.distributed import ROOT_SWITCHES
+from chexnet_utils.processes import alive
 
 NETNS_ETC = Path("/etc/netns")
 """Per-namespace files ``ip netns exec`` bind-mounts over ``/etc`` (here: ``hosts``)."""
@@ -129,18 +131,33 @@ def leftovers(prefix: str) -> list[str]:
     return found
 
 
-def remove_all(prefix: str) -> None:
-    """Delete every namespace, root link and ``/etc/netns`` folder named ``prefix*``
-    (processes still inside a namespace are killed first). Never raises."""
+def namespace_pids(ns: str) -> list[int]:
+    """Pids of the processes inside network namespace ``ns`` (``ip netns pids``)."""
+    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def remove_all(prefix: str, timeout: float = 10.0) -> list[int]:
+    """Delete every namespace, root link and ``/etc/netns`` folder named ``prefix*``.
+
+    Processes still inside such a namespace are killed (SIGKILL) and waited for first (a
+    process keeps its namespace alive after ``ip netns del``). Never raises; returns the
+    pids that were still alive ``timeout`` s after SIGKILL (``[]`` normally).
+    """
+    killed: list[int] = []
     for ns in namespaces():
         if ns.startswith(prefix):
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
-                                  text=True).stdout.split()
-            for pid in pids:
+            for pid in namespace_pids(ns):
                 try:
-                    os.kill(int(pid), 9)
-                except (ProcessLookupError, ValueError):
+                    os.kill(pid, 9)
+                    killed.append(pid)
+                except ProcessLookupError:
                     pass
+    deadline = time.monotonic() + timeout
+    while alive(killed) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for ns in namespaces():
+        if ns.startswith(prefix):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     for link in root_links():
         if link.startswith(prefix):
@@ -153,6 +170,7 @@ def remove_all(prefix: str) -> None:
             NETNS_ETC.rmdir()  # only when empty: we may have created it
         except OSError:
             pass
+    return alive(killed)
 
 
 def tbf_command(iface: str, rate_bit: float, burst_bytes: int | None = None,
@@ -231,6 +249,10 @@ class TwoNodes:
             raise RuntimeError(f"{' '.join(argv)} on {self.names[self._index(node)]} exited "
                                f"{out.returncode}: {out.stderr.strip()[-2000:]}")
         return out
+
+    def pids(self) -> list[int]:
+        """Pids of every process inside either node's namespace right now."""
+        return [pid for ns in self.namespaces for pid in namespace_pids(ns)]
 
     def counters(self, node: int | str) -> dict[str, int]:
         """``tx_bytes`` / ``rx_bytes`` (and packets) of ``node``'s veth end, read from
@@ -384,13 +406,16 @@ def two_nodes(prefix: str | None = None, subnet: str = "10.77.0", prefix_len: in
     prefix = prefix or new_prefix()
     workdir = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
     nodes = TwoNodes(prefix, (f"{subnet}.1", f"{subnet}.2"), workdir, prefix_len)
+    survivors: list[int] = []
     try:
         _build(nodes)
         yield nodes
     finally:
-        remove_all(prefix)
+        survivors = remove_all(prefix)
         shutil.rmtree(workdir, ignore_errors=True)
     # reached only without an exception in flight (which must not be masked)
-    left = leftovers(prefix)
+    left = leftovers(prefix) + [f"process {pid}" for pid in survivors]
+    if workdir.exists():
+        left.append(f"folder {workdir}")
     if left:
         raise RuntimeError(f"teardown left {', '.join(left)}")

@@ -31,6 +31,7 @@ Command line (``make slurm`` runs ``run``)::
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import secrets
@@ -45,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from chexnet_utils import slurm as S
+from chexnet_utils.atomic import write_json_atomic
 
 NODE_NAME = "chexnet-node"
 PARTITION = "debug"
@@ -196,6 +198,9 @@ class LocalSlurm:
         ctld_port, slurmd_port = free_ports(2)
         self.conf_path.write_text(slurm_conf(st, ctld_port, slurmd_port, node_hardware()))
         env = self.env
+        # A notebook cell that raises between start() and stop() must not leave three root
+        # daemons behind: the interpreter's exit (kernel shutdown) stops them.
+        atexit.register(self._stop_at_exit)
         try:
             self._spawn("munged", [
                 "-F", f"--socket={st}/munge-run/munge.socket", f"--key-file={key}",
@@ -223,7 +228,7 @@ class LocalSlurm:
             out.close()
         self._popens.append(proc)
         self.daemon_pids[name] = proc.pid
-        (self.state / "pids.json").write_text(json.dumps(self.daemon_pids))
+        write_json_atomic(self.state / "pids.json", self.daemon_pids)
 
     def _wait_for(self, ready: Callable[[], bool], what: str) -> None:
         from chexnet_utils.processes import pid_alive
@@ -321,6 +326,15 @@ class LocalSlurm:
         if self._owns_dir:
             shutil.rmtree(self.state, ignore_errors=True)
         self.daemon_pids = {}
+        atexit.unregister(self._stop_at_exit)
+
+    def _stop_at_exit(self) -> None:
+        """At interpreter exit: :meth:`stop` if the daemons still run (never raises)."""
+        if self.daemon_pids:
+            try:
+                self.stop()
+            except Exception as exc:  # noqa: BLE001 - exiting anyway: say what is left
+                print(f"[chexnet] local Slurm at exit: {exc}", file=sys.stderr, flush=True)
 
     def _running_jobs(self) -> bool:
         out = S.run_slurm(["squeue", "-h", "-o", "%i"], env=self.env, check=False, timeout=10)

@@ -8,6 +8,7 @@ a private range that exists only inside this machine; everything is removed at t
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -24,11 +25,34 @@ from chexnet_utils.sniff import PacketCapture
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="needs root and iproute2 (network namespaces)")
 
-HOST_IP, NODE_IP = "10.78.0.1", "10.78.0.2"
-
-
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def _free_link_net() -> str:
+    """A /30 of 10.78.0.0/16 that no route or address of this machine overlaps yet: the
+    veth's two addresses exist only on this link (a /30 keeps the route as small as it
+    gets), and a second run at the same time picks another one."""
+    text = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True,
+                          text=True).stdout + subprocess.run(
+        ["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    taken = []
+    for word in text.split():
+        try:
+            net = ipaddress.ip_network(word, strict=False)
+        except ValueError:
+            continue
+        if net.prefixlen > 0:  # not the default route
+            taken.append(net)
+    for cand in ipaddress.ip_network("10.78.0.0/16").subnets(new_prefix=30):
+        if not any(cand.overlaps(t) for t in taken):
+            return str(cand.network_address)
+    raise RuntimeError("no free /30 in 10.78.0.0/16")
+
+
+def _plus(net: str, k: int) -> str:
+    head, last = net.rsplit(".", 1)
+    return f"{head}.{int(last) + k}"
 
 
 def _names() -> tuple[str, str, str]:
@@ -38,18 +62,21 @@ def _names() -> tuple[str, str, str]:
 
 @pytest.fixture
 def other_host():
-    """A namespace ``ns`` reachable at NODE_IP through veth ``host_if`` (HOST_IP here)."""
+    """A namespace ``ns`` reachable at ``node_ip`` through veth ``host_if`` (``host_ip`` on
+    this side), both in a free /30: yields ``(ns, host_if, host_ip)``."""
     ns, host_if, node_if = _names()
+    net = _free_link_net()
+    host_ip, node_ip = _plus(net, 1), _plus(net, 2)
     try:
         _ip("netns", "add", ns)
         _ip("link", "add", host_if, "type", "veth", "peer", "name", node_if)
         _ip("link", "set", node_if, "netns", ns)
-        _ip("addr", "add", f"{HOST_IP}/24", "dev", host_if)
+        _ip("addr", "add", f"{host_ip}/30", "dev", host_if)
         _ip("link", "set", host_if, "up")
-        for args in (["addr", "add", f"{NODE_IP}/24", "dev", node_if],
+        for args in (["addr", "add", f"{node_ip}/30", "dev", node_if],
                      ["link", "set", node_if, "up"], ["link", "set", "lo", "up"]):
             _ip("netns", "exec", ns, "ip", *args)
-        yield ns, host_if
+        yield ns, host_if, host_ip
     finally:
         subprocess.run(["ip", "link", "del", host_if], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
@@ -63,13 +90,13 @@ def _echo(text: str) -> str:
     return text + "!"
 
 
-def _echo_through_the_link(rc: RemoteEngines, host_if: str, curve: bool
+def _echo_through_the_link(rc: RemoteEngines, host_if: str, host_ip: str, curve: bool
                            ) -> tuple[PacketCapture, str]:
     """Check where the controller listens and its files, then send a marker to the engine and
     back while capturing the link; returns the capture and the marker."""
     listening = rc.controller_listening()
     # that interface only: no wildcard; loopback carries the controller's own processes
-    assert {a for a in listening if not a.startswith("127.")} == {HOST_IP}
+    assert {a for a in listening if not a.startswith("127.")} == {host_ip}
     assert (rc.server_key() is not None) == curve
     assert os.stat(rc.profile_dir).st_mode & 0o777 == 0o700
     for kind in ("engine", "client"):                       # the files that carry the key
@@ -98,28 +125,38 @@ def _try_client(connection_file) -> str:
     return out.stdout.strip() or out.stderr.strip().splitlines()[-1]
 
 
+def _all_pids(rc: RemoteEngines) -> list[int]:
+    """The engines (as launched and as they report themselves) and the controller."""
+    return [*rc.engine_pids, *(p.pid for p in rc.engines), rc.cluster.controller.process.pid]
+
+
 def test_with_curve_no_plaintext_on_the_wire_and_no_client_without_the_key(other_host, tmp_path):
-    ns, host_if = other_host
-    with RemoteEngines(HOST_IP, n=1, launch=["ip", "netns", "exec", ns], curve=True) as rc:
-        cap, marker = _echo_through_the_link(rc, host_if, curve=True)
+    ns, host_if, host_ip = other_host
+    with RemoteEngines(host_ip, n=1, launch=["ip", "netns", "exec", ns], curve=True) as rc:
+        cap, marker = _echo_through_the_link(rc, host_if, host_ip, curve=True)
         info = json.loads(open(rc.connection_file("client")).read())
         info.pop("curve_serverkey")
         stolen = tmp_path / "no-key.json"
         stolen.write_text(json.dumps(info))
         without_key = _try_client(stolen)
         with_key = _try_client(rc.connection_file("client"))   # the control: this one works
-        pids = [*rc.engine_pids, *(p.pid for p in rc.engines)]
+        pids = _all_pids(rc)
+        left = rc.stop()
     assert not cap.contains(marker)
-    assert not without_key.startswith("connected"), without_key
+    # refused by the handshake: no answer, or ipyparallel's own connection time-out; never
+    # connected, and not some other failure that would pass for a refusal
+    assert (without_key == "no answer within 20 s"
+            or "Hub connection request timed out" in without_key), without_key
     assert with_key == "connected [0]"
-    assert alive(pids) == []
+    assert left == [] and alive(pids) == []
 
 
 def test_without_curve_the_marker_crosses_the_link_in_plain_text(other_host):
     """The control: the same capture sees the marker when encryption is off."""
-    ns, host_if = other_host
-    with RemoteEngines(HOST_IP, n=1, launch=["ip", "netns", "exec", ns], curve=False) as rc:
-        cap, marker = _echo_through_the_link(rc, host_if, curve=False)
-        pids = [*rc.engine_pids, *(p.pid for p in rc.engines)]
+    ns, host_if, host_ip = other_host
+    with RemoteEngines(host_ip, n=1, launch=["ip", "netns", "exec", ns], curve=False) as rc:
+        cap, marker = _echo_through_the_link(rc, host_if, host_ip, curve=False)
+        pids = _all_pids(rc)
+        left = rc.stop()
     assert cap.contains(marker)
-    assert alive(pids) == []
+    assert left == [] and alive(pids) == []

@@ -73,15 +73,38 @@ def test_local_slurm_starts_idle_on_loopback_and_stops_every_daemon():
     assert not state.exists()
 
 
+def test_local_slurm_an_error_leaves_running_is_stopped_when_python_exits():
+    """A notebook cell that raises after ``LocalSlurm().start()`` skips ``stop()``: the
+    interpreter's exit (the kernel's shutdown) still stops every daemon."""
+    reason = slurm_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    prog = ("import json, sys\n"
+            "from chexnet_utils.slurm_local import LocalSlurm\n"
+            "s = LocalSlurm().start()\n"
+            "print(json.dumps({'pids': s.processes(), 'state': str(s.state)}), flush=True)\n"
+            "raise RuntimeError('a cell failed')\n")
+    out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and "a cell failed" in out.stderr
+    started = json.loads(out.stdout.splitlines()[-1])
+    assert len(started["pids"]) >= 3          # munged, slurmctld, slurmd were running
+    assert alive(started["pids"]) == []
+    assert not Path(started["state"]).exists()
+
+
 def test_batch_script_trains_on_two_tasks_to_completed(local_slurm, submit_dir):
-    job = local_slurm.submit(SCRIPT, CI_TRAIN, options=CPU_NODE, cwd=submit_dir)
+    """The script's ``mpirun`` launcher over ``$SLURM_NTASKS`` (notebook 04 runs the default
+    ``srun`` one to COMPLETED, and :class:`SlurmCluster` starts its engines with ``srun``)."""
+    job = local_slurm.submit(SCRIPT, CI_TRAIN, options=CPU_NODE, cwd=submit_dir,
+                             env={"LAUNCHER": "mpirun"})
     state = local_slurm.wait_for_job(job, timeout=240)
     log = submit_dir / f"chexnet-{job}.out"  # the script's --output, in the submit dir
     assert state == "COMPLETED", log.read_text() if log.exists() else "no log"
     info = local_slurm.job_info(job)
     assert info["ExitCode"] == "0:0" and info["NumTasks"] == "2"
     text = log.read_text()
-    assert f"job {job}: 2 tasks" in text and "mean AUROC" in text
+    assert f"job {job}: 2 tasks" in text and "(mpirun)" in text and "mean AUROC" in text
     metrics = json.loads((submit_dir / "build" / "runs" / f"slurm-{job}" / "metrics.json")
                          .read_text())
     assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 16

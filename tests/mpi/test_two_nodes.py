@@ -12,19 +12,32 @@ Skips without root or ``ip netns``.
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from chexnet_utils.collectives import MIB
+from chexnet_utils.processes import alive
 from chexnet_utils.linkbench import expected_link_bytes, run_probe, tcp_throughput
 from chexnet_utils.netns import (TwoNodes, leftovers, namespaces, new_prefix, root_links,
                                  two_nodes, unavailable_reason)
 
 pytestmark = pytest.mark.mpi
 
-REASON = unavailable_reason()
-needs_netns = pytest.mark.skipif(REASON is not None, reason=f"two namespaces: {REASON}")
+
+
+@pytest.fixture(scope="module")
+def netns_reason() -> str | None:
+    """Why namespaces cannot be built here (asked once per module, when the first test
+    runs: collecting the tests creates no probe namespace), or None."""
+    return unavailable_reason()
+
+
+@pytest.fixture
+def needs_netns(netns_reason: str | None) -> None:
+    if netns_reason:
+        pytest.skip(f"two namespaces: {netns_reason}")
 
 COUNT_BYTES = 16 * MIB
 COUNT_ITERS = 3
@@ -38,19 +51,21 @@ def assert_gone(prefix: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def nodes() -> Iterator[TwoNodes]:
-    """One pair of nodes for the module; torn down at the end, checked by name."""
-    if REASON:
-        pytest.skip(REASON)
+def nodes(netns_reason: str | None) -> Iterator[TwoNodes]:
+    """One pair of nodes for the module; torn down at the end, checked by name (and no
+    process left inside them: :func:`two_nodes` raises naming any survivor)."""
+    if netns_reason:
+        pytest.skip(f"two namespaces: {netns_reason}")
     prefix = new_prefix()
     try:
         with two_nodes(prefix) as built:
             yield built
+            assert built.pids() == []   # every rank, orted and receiver has exited
     finally:
         assert_gone(prefix)
 
 
-@needs_netns
+@pytest.mark.usefixtures("needs_netns")
 def test_nodes_built_and_torn_down() -> None:
     prefix = new_prefix()
     with two_nodes(prefix) as n:
@@ -77,15 +92,21 @@ def test_nodes_built_and_torn_down() -> None:
     assert_gone(prefix)
 
 
-@needs_netns
+@pytest.mark.usefixtures("needs_netns")
 def test_teardown_after_an_error_kills_what_runs_inside() -> None:
     prefix = new_prefix()
     with pytest.raises(ZeroDivisionError):
         with two_nodes(prefix) as n:
             sleeper = subprocess.Popen(n.exec_argv(1, ["sleep", "300"]))
+            deadline = time.monotonic() + 10   # until `sleep` is inside the namespace
+            while not n.pids() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            inside = n.pids()
             n.shape(100e6)
             1 / 0
+    assert inside, "the sleeper never showed up inside the namespace"
     assert sleeper.wait(timeout=10) != 0  # killed, not finished
+    assert alive(inside) == []
     assert_gone(prefix)
 
 
@@ -105,7 +126,6 @@ def _check_counts(ranks: list[dict], launcher: str) -> None:
     assert ranks[1]["tx_bytes"] == pytest.approx(ranks[0]["rx_bytes"], rel=1e-3)
 
 
-@needs_netns
 @pytest.mark.parametrize("launcher", ["mpirun", "gloo"])
 def test_allreduce_crosses_the_link(nodes: TwoNodes, launcher: str) -> None:
     before = [nodes.counters(i) for i in (0, 1)]
@@ -113,13 +133,13 @@ def test_allreduce_crosses_the_link(nodes: TwoNodes, launcher: str) -> None:
                       count_iters=COUNT_ITERS, timeout=240)
     after = [nodes.counters(i) for i in (0, 1)]
     _check_counts(ranks, launcher)
+    assert alive([r["pid"] for r in ranks]) == []   # the launcher's ranks are gone
     # seen from outside the ranks too: the whole run (start-up, warm-up, counted
     # allreduces) moved at least the counted bytes each way over the veth
     for i in (0, 1):
         assert after[i]["tx_bytes"] - before[i]["tx_bytes"] >= ranks[i]["tx_bytes"]
 
 
-@needs_netns
 def test_tc_shaping_limits_tcp_to_the_rate(nodes: TwoNodes) -> None:
     rate = 200e6
     free = tcp_throughput(nodes, 32 * MIB)["bytes_per_s"] * 8

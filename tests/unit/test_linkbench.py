@@ -53,3 +53,21 @@ def test_unknown_launcher_is_refused_before_building(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(linkbench, "two_nodes", no_build)
     with pytest.raises(ValueError, match="unknown launcher"):
         linkbench.bench_link("quick", launchers=["ssh"])
+
+
+def test_loopback_comparison_puts_each_fit_in_one_row() -> None:
+    link = {"rate_bit": 1e9, "launchers": ["mpirun", "gloo"],
+            "unshaped": {"mpirun": {"alpha_s": 50e-6, "beta_s_per_byte": 1 / 1.0e9},
+                         "gloo": {"alpha_s": 80e-6, "beta_s_per_byte": 1 / 0.5e9}},
+            "shaped": {"mpirun": {"alpha_s": 60e-6, "beta_s_per_byte": 8 / 0.9e9},
+                       "gloo": {"alpha_s": 90e-6, "beta_s_per_byte": 0.0}}}
+    rows = linkbench.loopback_comparison(link, {"Horovod ring": (20e-6, 1 / 2e9)})
+    assert [(r["where"].split(",")[0], r["launcher"]) for r in rows] == [
+        ("one machine (loopback", "Horovod ring"), ("two nodes", "mpirun"),
+        ("two nodes", "gloo"), ("two nodes", "mpirun"), ("two nodes", "gloo")]
+    assert rows[0]["alpha us"] == pytest.approx(20.0)
+    assert rows[0]["1/beta Gbit/s"] == pytest.approx(16.0)      # 2 GB/s
+    assert rows[1]["1/beta Gbit/s"] == pytest.approx(8.0)
+    assert rows[3]["where"] == "two nodes, tbf 1 Gbit/s"
+    assert rows[3]["1/beta Gbit/s"] == pytest.approx(0.9)
+    assert rows[4]["1/beta Gbit/s"] == float("inf")             # a fit with no slope
