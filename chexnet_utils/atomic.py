@@ -3,6 +3,11 @@
 Conversions, checkpoints and manifests here run for hours on real data and may be killed at
 any moment; every small state file is therefore written to a temporary name in the same
 folder, flushed to disk, and renamed over the target (``os.replace`` is atomic on POSIX).
+The one implementation of that dance is :func:`atomic_path` (a temporary path for writers
+that stream or name their own files: PNGs, shards, Keras checkpoints);
+:func:`write_text_atomic`, :func:`write_bytes_atomic` and :func:`write_json_atomic` (strict
+JSON through :func:`json_safe`) are built on it, and :func:`fsync_dir` makes a rename itself
+durable.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,53 +26,115 @@ import numpy as np
 _NUMBER_LIST = re.compile(r"\[\s*(-?[0-9.eE+-]+(?:,\s*-?[0-9.eE+-]+)*)\s*\]")
 
 
-def write_text_atomic(path: Path | str, text: str, tmp: Path | str | None = None,
-                      fsync: bool = True) -> None:
-    """Write ``text`` to ``path`` atomically.
+def default_tmp(path: Path | str) -> Path:
+    """The temporary name :func:`atomic_path` uses for ``path``: ``.<name>.<pid>.tmp`` in the
+    same folder (hidden, and matched by no ``*.<suffix>`` glob)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
-    ``tmp`` is the temporary file (default ``.<name>.<pid>.tmp`` next to ``path``; it must be
-    on the same file system). With ``fsync`` the data reaches the disk before the rename, so
-    a power cut cannot leave an empty file under the final name.
+
+@contextmanager
+def atomic_path(path: Path | str, tmp: Path | str | None = None) -> Iterator[Path]:
+    """A temporary path to write ``path``'s new contents to; renamed over ``path``
+    (``os.replace``) when the block ends normally, removed when it raises (even on
+    ``KeyboardInterrupt``), so ``path`` is always the old file or the whole new one.
+
+    ``tmp`` is the temporary file (default :func:`default_tmp`; it must be on the same file
+    system as ``path``, and Keras wants its suffix, e.g. ``last.tmp.keras``). The block may
+    create the file however it likes (``open``, ``Image.save``, ``model.save``)::
+
+        with atomic_path(out / "image.png") as tmp:
+            Image.fromarray(img).save(tmp, format="PNG")
     """
     path = Path(path)
-    tmp_path = Path(tmp) if tmp is not None else path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp_path = Path(tmp) if tmp is not None else default_tmp(path)
     try:
-        with open(tmp_path, "w", encoding="utf-8") as f:
-            f.write(text)
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def _write_atomic(path: Path | str, data: str | bytes, tmp: Path | str | None,
+                  fsync: bool) -> None:
+    with atomic_path(path, tmp) as tmp_path:
+        with (open(tmp_path, "w", encoding="utf-8") if isinstance(data, str)
+              else open(tmp_path, "wb")) as f:
+            f.write(data)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp_path, path)
+
+
+def write_text_atomic(path: Path | str, text: str, tmp: Path | str | None = None,
+                      fsync: bool = True) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_path`).
+
+    ``tmp`` as in :func:`atomic_path`. With ``fsync`` the data reaches the disk before the
+    rename, so a power cut cannot leave an empty file under the final name.
+    """
+    _write_atomic(path, text, tmp, fsync)
+
+
+def write_bytes_atomic(path: Path | str, data: bytes, tmp: Path | str | None = None,
+                       fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically; ``tmp`` and ``fsync`` as in
+    :func:`write_text_atomic`."""
+    _write_atomic(path, bytes(data), tmp, fsync)
+
+
+def fsync_dir(path: Path | str) -> None:
+    """Flush folder ``path``'s entries to disk (after a rename into it), if the platform
+    lets a folder be opened; errors are ignored (best effort)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
     finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        os.close(fd)
 
 
 def json_safe(obj: Any) -> Any:
-    """NaN/inf -> None, numpy scalars -> Python, paths -> str, recursively (strict JSON)."""
+    """NaN/inf -> None, numpy scalars and arrays -> Python, paths -> str, recursively (strict
+    JSON). Anything else that converts with ``float()`` (a 0-d array, a scalar tensor)
+    becomes a float; the rest is returned as it is."""
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray) and obj.ndim > 0:
+        return json_safe(obj.tolist())
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
     if isinstance(obj, (np.floating, float)):
         v = float(obj)
         return v if math.isfinite(v) else None
-    if isinstance(obj, np.integer):
+    if isinstance(obj, (np.integer, int)):
         return int(obj)
     if isinstance(obj, Path):
         return str(obj)
+    if obj is not None and not isinstance(obj, str) and hasattr(obj, "__float__"):
+        try:
+            return json_safe(float(obj))
+        except (TypeError, ValueError):
+            return obj
     return obj
 
 
 def write_json_atomic(path: Path | str, obj: Any, tmp: Path | str | None = None,
-                      indent: int = 2, inline_number_lists: bool = False) -> None:
+                      indent: int = 2, inline_number_lists: bool = False,
+                      sort_keys: bool = False) -> None:
     """Write ``obj`` as strict JSON (:func:`json_safe`: NaN as ``null``) atomically.
 
     ``inline_number_lists`` keeps lists of numbers on one line inside the indented text
     (manifests with per-shard label sums stay readable). ``tmp`` as in
     :func:`write_text_atomic`.
     """
-    text = json.dumps(json_safe(obj), indent=indent, allow_nan=False)
+    text = json.dumps(json_safe(obj), indent=indent, allow_nan=False, sort_keys=sort_keys)
     if inline_number_lists:
         text = _NUMBER_LIST.sub(
             lambda m: "[" + ", ".join(m.group(1).replace(",", " ").split()) + "]", text)

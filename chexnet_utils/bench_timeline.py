@@ -83,17 +83,6 @@ class Timeline:
         d.update(wait_fraction=self.wait_fraction, step_s=self.step_s, total_s=self.total_s)
         return d
 
-    def plot(self, ax: Any = None, y: float = 0.0, height: float = 0.8) -> Any:
-        """Draw the bars (red: waiting for data, green: computing) on ``ax``; returns ax."""
-        if ax is None:
-            import matplotlib.pyplot as plt
-
-            ax = plt.gca()
-        seg = self.segments()
-        ax.broken_barh(seg["wait"], (y, height), color="tab:red", label="waiting for data")
-        ax.broken_barh(seg["compute"], (y, height), color="tab:green", label="computing")
-        return ax
-
 
 def record_timeline(dataset: tf.data.Dataset | Any, step_fn: Callable[[Any], Any],
                     n_steps: int, warmup: int = 1, label: str = "") -> Timeline:

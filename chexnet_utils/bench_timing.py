@@ -14,6 +14,10 @@ This module holds the one implementation of each:
   :func:`pipeline_run`: both on a fresh iterator, deleted afterwards;
 - :func:`fed_run`: ``warmup`` untimed then ``n_steps`` timed training steps fed by a dataset;
 - :func:`first_batch`: ``(x, y)`` of a dataset's first batch, the constant in-memory batch;
+- :func:`barrier_windows`: the engines' clock: ``warmup_steps`` untimed steps, then windows
+  of ``steps`` steps, each opened (and closed) by a barrier so that every worker times the
+  same interval (:mod:`chexnet_utils.steptimer`, :mod:`chexnet_utils.scaling`,
+  :mod:`chexnet_utils.gpu_node`, :mod:`chexnet_utils.collectives`);
 - :func:`alternating`: the run order A B, B A, A B ... of ``repeats`` rounds;
 - :func:`mean_std`: mean and sample standard deviation of a list of rates; :class:`RunMean`,
   the mean of a result's per-run list as an attribute.
@@ -26,10 +30,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["RunMean", "alternating", "batch_len", "block", "fed_run", "first_batch", "mean_std",
-           "next_or_none", "pipeline_run", "timed_run", "warm_up"]
+__all__ = ["RunMean", "Window", "alternating", "barrier_windows", "batch_len", "block",
+           "fed_run", "first_batch", "mean_std", "next_or_none", "pipeline_run", "timed_run",
+           "warm_up"]
 
 
 def batch_len(batch: Any) -> int:
@@ -154,3 +159,45 @@ def fed_run(step: Callable[[Any], Any], dataset: Iterable[Any], n_steps: int, wa
     images, seconds = timed_run(it, n_steps, step)
     del it
     return images, seconds
+
+
+class Window(NamedTuple):
+    """One timed window of :func:`barrier_windows`."""
+
+    seconds: float
+    """``time.perf_counter()`` seconds from the opening barrier to the end of the window."""
+    start: float
+    """Wall-clock start (``time.time()``), to line windows up with other records."""
+
+
+def barrier_windows(step: Callable[[], Any], barrier: Callable[[], None], steps: int = 1,
+                    repeats: int = 1, warmup_steps: int = 0,
+                    finish: Callable[[Any], Any] | None = None,
+                    closing_barrier: bool = True) -> list[Window]:
+    """The clock of every step timer that runs on all workers at once.
+
+    ``warmup_steps`` untimed calls of ``step`` (tracing, compilation, filling buffers), then
+    ``repeats`` windows: ``barrier()``, the clock starts, ``steps`` calls of ``step``,
+    ``finish(result of the last call)`` if given (wait for it: a step that returns tensors is
+    not done until they are fetched), ``barrier()`` again unless ``closing_barrier=False``,
+    the clock stops. With both barriers every worker reports the same interval (the slowest
+    worker's); without the closing one each worker times its own calls.
+
+    ``barrier`` is any callable that returns once every worker has called it (e.g.
+    ``lambda: collectives.barrier(hvd)``; a no-op on one process).
+    """
+    for _ in range(warmup_steps):
+        step()
+    windows = []
+    for _ in range(repeats):
+        barrier()
+        t0, wall0 = time.perf_counter(), time.time()
+        last = None
+        for _ in range(steps):
+            last = step()
+        if finish is not None:
+            finish(last)
+        if closing_barrier:
+            barrier()
+        windows.append(Window(time.perf_counter() - t0, wall0))
+    return windows

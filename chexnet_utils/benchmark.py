@@ -71,7 +71,7 @@ from chexnet_utils.bench_timeline import (
     record_timeline,
     simulate_timeline,
 )
-from chexnet_utils.bench_timing import batch_len, block, first_batch
+from chexnet_utils.bench_timing import first_batch
 from chexnet_utils.bench_training import (
     FedTrainingResult,
     TrainingResult,
@@ -118,12 +118,6 @@ __all__ = [
 available_cores = usable_cores
 """Cores this process may run on: :func:`chexnet_utils.devices.usable_cores` (the notebooks'
 ``benchmark.available_cores()``)."""
-
-# the private names used before the split (chexnet_utils.tfdata_service imports the first three)
-_batch_len = batch_len
-_block = block
-_synthetic_rate = synthetic_rate
-_probe_model = probe_model
 
 
 # --------------------------------------------------------------------------------------------

@@ -155,9 +155,12 @@ def _cmd_bench_service(args: argparse.Namespace) -> int:
 
 
 def _write_json(path: Path | None, result: dict) -> None:
+    """Write a command's ``--json`` result (atomically, strict JSON), if asked to."""
     if path is not None:
+        from chexnet_utils.atomic import write_json_atomic
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        write_json_atomic(path, result)
         print(f"wrote {path}")
 
 

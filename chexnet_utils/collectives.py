@@ -38,19 +38,22 @@ on only some workers would hang.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from chexnet_utils.bench_timing import barrier_windows
+from chexnet_utils.config import SCALES, scale
+from chexnet_utils.devices import usable_cpus
+
 KIB = 1024
 MIB = 1024 * 1024
 
-MAX_MESSAGE_BYTES: dict[str, int] = {"ci": 32 * MIB, "workstation": 128 * MIB,
-                                     "gpu-node": 256 * MIB}
-"""Largest tensor the size sweeps use per scale preset (``CHEXNET_SCALE``). Override with
-``CHEXNET_COMM_MAX_MB``."""
+MAX_MESSAGE_BYTES: dict[str, int] = {name: int(s.comm_max_mb * MIB) for name, s in SCALES.items()}
+"""Largest tensor of the size sweeps per scale preset, in bytes: each preset's
+:attr:`chexnet_utils.config.Scale.comm_max_mb` (the presets as written; the value in force,
+``CHEXNET_COMM_MAX_MB`` applied, is :func:`default_max_bytes`)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -59,13 +62,9 @@ MAX_MESSAGE_BYTES: dict[str, int] = {"ci": 32 * MIB, "workstation": 128 * MIB,
 
 
 def default_max_bytes(scale_name: str | None = None) -> int:
-    """Largest tensor of the sweeps: ``CHEXNET_COMM_MAX_MB`` if set, else by scale preset."""
-    env = os.environ.get("CHEXNET_COMM_MAX_MB")
-    if env:
-        return int(float(env) * MIB)
-    from chexnet_utils.config import scale
-
-    return MAX_MESSAGE_BYTES[scale(scale_name).name]
+    """Largest tensor of the sweeps: the scale preset's ``comm_max_mb`` MiB, or
+    ``CHEXNET_COMM_MAX_MB`` if set (:data:`chexnet_utils.config.OVERRIDES`)."""
+    return int(scale(scale_name).comm_max_mb * MIB)
 
 
 def message_sizes(max_bytes: int | None = None, min_bytes: int = KIB, factor: int = 2
@@ -117,11 +116,12 @@ def quiet_tensorflow() -> None:
     tf.autograph.set_verbosity(0)
 
 
-def barrier(hvd: Any) -> None:
-    """Every worker waits for every other (a tiny allreduce; its result is fetched)."""
+def barrier(hvd: Any, name: str = "chexnet_comm_barrier") -> None:
+    """Every worker waits for every other (a tiny allreduce named ``name``; its result is
+    fetched)."""
     import tensorflow as tf
 
-    hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name="chexnet_comm_barrier").numpy()
+    hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name=name).numpy()
 
 
 def _worker_data(n_elems: int, rank: int, seed: int) -> np.ndarray:
@@ -147,13 +147,6 @@ def horovod_compression(hvd: Any, name: str) -> Any:
         raise ValueError(f"compression must be 'none' or 'fp16', got {name!r}") from None
 
 
-# The private names the sweeps below call them by.
-_hvd = init_horovod
-_quiet_tensorflow = quiet_tensorflow
-_barrier = barrier
-_compression = horovod_compression
-
-
 def _sweep_result(algorithm: str, backend: str, sizes: Sequence[int], runs: list[list[float]],
                   rank: int, size: int, **extra: Any) -> dict[str, Any]:
     return {"algorithm": algorithm, "backend": backend, "rank": rank, "size": size,
@@ -162,17 +155,11 @@ def _sweep_result(algorithm: str, backend: str, sizes: Sequence[int], runs: list
             "min_s": [float(np.min(r)) for r in runs], "runs_s": runs, **extra}
 
 
-def _time_calls(fn: Callable[[], Any], repeats: int, warmup: int,
-                barrier: Callable[[], None]) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
+def _time_calls(fn: Callable[[], Any], repeats: int, warmup: int, hvd: Any) -> list[float]:
+    """This worker's seconds of each of ``repeats`` calls of ``fn`` (after ``warmup``
+    untimed ones), every call started at a barrier and timed until it returns."""
+    return [w.seconds for w in barrier_windows(fn, lambda: barrier(hvd), 1, repeats, warmup,
+                                               closing_barrier=False)]
 
 
 def ps_average(x: Any, server_rank: int = 0, backend: str = "horovod") -> Any:
@@ -204,7 +191,7 @@ def ps_average(x: Any, server_rank: int = 0, backend: str = "horovod") -> Any:
         raise ValueError(f"backend must be 'horovod' or 'mpi', got {backend!r}")
     import tensorflow as tf
 
-    hvd = _hvd()
+    hvd = init_horovod()
     n, rank = hvd.size(), hvd.rank()
     m = int(x.shape[0])
     splits = tf.constant([m if r == server_rank else 0 for r in range(n)], dtype=tf.int32)
@@ -235,9 +222,9 @@ def allreduce_times(sizes_bytes: Sequence[int], repeats: int = 5, warmup: int = 
     """
     import tensorflow as tf
 
-    hvd = _hvd()
+    hvd = init_horovod()
     rank, n = hvd.rank(), hvd.size()
-    comp = _compression(hvd, compression)
+    comp = horovod_compression(hvd, compression)
     if backend not in ("horovod", "mpi"):
         raise ValueError(f"backend must be 'horovod' or 'mpi', got {backend!r}")
     if compression != "none" and backend != "horovod":
@@ -263,7 +250,7 @@ def allreduce_times(sizes_bytes: Sequence[int], repeats: int = 5, warmup: int = 
 
             def call(x: Any = x) -> Any:
                 return hvd.allreduce(x, op=hvd.Average, compression=comp).numpy()
-        runs.append(_time_calls(call, repeats, warmup, lambda: _barrier(hvd)))
+        runs.append(_time_calls(call, repeats, warmup, hvd))
         if compression != "none":
             exact = hvd.allreduce(x, op=hvd.Average).numpy()
             err = np.abs(call() - exact)
@@ -290,7 +277,7 @@ def parameter_server_times(sizes_bytes: Sequence[int], repeats: int = 5, warmup:
     """
     import tensorflow as tf
 
-    hvd = _hvd()
+    hvd = init_horovod()
     rank, n = hvd.rank(), hvd.size()
     runs: list[list[float]] = []
     diffs: list[float] = []
@@ -303,7 +290,7 @@ def parameter_server_times(sizes_bytes: Sequence[int], repeats: int = 5, warmup:
         else:
             def call(x: Any = x) -> np.ndarray:
                 return ps_average(x, server_rank, backend).numpy()
-        runs.append(_time_calls(call, repeats, warmup, lambda: _barrier(hvd)))
+        runs.append(_time_calls(call, repeats, warmup, hvd))
         ring = hvd.allreduce(x, op=hvd.Average).numpy()
         diffs.append(float(np.abs(np.asarray(call()) - ring).max()))
         del data, x
@@ -330,7 +317,7 @@ def allreduce_burst_times(tensor_elems: Sequence[int], repeats: int = 5, warmup:
     """
     import tensorflow as tf
 
-    hvd = _hvd()
+    hvd = init_horovod()
     rank, n = hvd.rank(), hvd.size()
     tensors = [tf.constant(_worker_data(int(e), rank, seed + i))
                for i, e in enumerate(tensor_elems)]
@@ -345,7 +332,7 @@ def allreduce_burst_times(tensor_elems: Sequence[int], repeats: int = 5, warmup:
             return hvd.grouped_allreduce(tensors, op=hvd.Average, name="burst_group")
     else:
         raise ValueError(f"mode must be 'per_tensor' or 'grouped', got {mode!r}")
-    times = _time_calls(burst, repeats, warmup, lambda: _barrier(hvd))
+    times = _time_calls(burst, repeats, warmup, hvd)
     times = _slowest(hvd, [times])[0]
     return {"mode": mode, "rank": rank, "size": n, "n_tensors": len(tensor_elems),
             "total_bytes": 4 * int(sum(tensor_elems)), "times_s": times,
@@ -362,7 +349,7 @@ def allreduce_scan_on_engine(sizes_bytes: Sequence[int], repeats: int = 5
     Returns this worker's CPU affinity (the cores it may run on, as ``mpiexec`` bound it),
     and :func:`allreduce_times` of ``sizes_bytes``. Run on every worker.
     """
-    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    affinity = list(usable_cpus())
     res = allreduce_times(sizes_bytes, repeats=repeats)
     res["affinity"] = affinity
     return res

@@ -1,29 +1,29 @@
 """How the gradients travel: the façade over the modules that measure and model it.
 
 ``from chexnet_utils import comm`` then ``comm.allreduce_times``, ``comm.fit_alpha_beta``,
-``comm.parse_timeline`` ... keeps working (notebooks 04 and 05 use it), but the code lives
-in one module per concern:
+``comm.parse_timeline`` ...: the names notebook 05 (and the communication tests) use, while
+the code lives in one module per concern:
 
 - :mod:`chexnet_utils.collectives`: parameter server vs ring-allreduce timed on the MPI
   engines (``ps_average``, ``allreduce_times``, ``parameter_server_times``,
-  ``allreduce_burst_times``, ``allreduce_scan_on_engine``) and the sweeps' tensor sizes;
+  ``allreduce_burst_times``, ``allreduce_scan_on_engine``) and the sweeps' tensor sizes
+  (``message_sizes``, ``default_max_bytes``, ``format_bytes``, ``MIB``);
 - :mod:`chexnet_utils.steptimer`: one training step timed with Horovod or
   MultiWorkerMirroredStrategy (``StepConfig``, ``hvd_throughput_on_engine``,
-  ``mwms_setup_on_engine``, ``mwms_throughput_on_engine``,
+  ``free_local_port``, ``tf_config``, ``mwms_setup_on_engine``,
   ``backend_throughput_on_engine``);
 - :mod:`chexnet_utils.costmodel`: bandwidths, the alpha-beta model, predictions, the numpy
   simulations of both algorithms, CheXNet's gradient sizes;
-- :mod:`chexnet_utils.hvd_timeline`: Horovod timelines recorded, parsed and summarised;
-- :mod:`chexnet_utils.plots`: the figures (``plot_sweeps``, ``plot_timeline``).
+- :mod:`chexnet_utils.hvd_timeline`: Horovod timelines recorded, parsed and summarised.
 
-New code should import from those modules; nothing is defined here.
+The figures are :mod:`chexnet_utils.plots`' (``plots.plot_sweeps``, ``plots.plot_timeline``).
+Only names somebody uses are re-exported; anything else (and new code) imports from those
+modules. Nothing is defined here.
 """
 
 from __future__ import annotations
 
 from chexnet_utils.collectives import (
-    KIB,
-    MAX_MESSAGE_BYTES,
     MIB,
     allreduce_burst_times,
     allreduce_scan_on_engine,
@@ -39,9 +39,7 @@ from chexnet_utils.costmodel import (
     algbw,
     busbw,
     chexnet_gradient_sizes,
-    cost_coefficients,
     fit_alpha_beta,
-    gradient_sizes,
     predict,
     predict_ps,
     predict_ring,
@@ -53,38 +51,32 @@ from chexnet_utils.hvd_timeline import (
     TimelineEvent,
     busy_time_us,
     parse_timeline,
-    read_trace_records,
-    record_timeline,
     short_tensor_name,
     timeline_summary,
     wait_for_timeline,
 )
-from chexnet_utils.plots import plot_sweeps, plot_timeline
 from chexnet_utils.steptimer import (
     StepConfig,
     backend_throughput_on_engine,
     free_local_port,
     hvd_throughput_on_engine,
     mwms_setup_on_engine,
-    mwms_throughput_on_engine,
     tf_config,
 )
 
 __all__ = [
-    "KIB", "MIB", "MAX_MESSAGE_BYTES", "REPORTED_HOROVOD_2018",
+    "MIB", "REPORTED_HOROVOD_2018",
     # collectives
     "default_max_bytes", "message_sizes", "format_bytes", "ps_average", "allreduce_times",
     "parameter_server_times", "allreduce_burst_times", "allreduce_scan_on_engine",
     # steptimer
     "StepConfig", "hvd_throughput_on_engine", "free_local_port", "tf_config",
-    "mwms_setup_on_engine", "mwms_throughput_on_engine", "backend_throughput_on_engine",
+    "mwms_setup_on_engine", "backend_throughput_on_engine",
     # costmodel
-    "algbw", "busbw", "cost_coefficients", "fit_alpha_beta", "predict", "predict_ring",
-    "predict_ps", "scaling_efficiency_prediction", "simulate_ring_allreduce",
-    "simulate_parameter_server", "gradient_sizes", "chexnet_gradient_sizes",
+    "algbw", "busbw", "fit_alpha_beta", "predict", "predict_ring", "predict_ps",
+    "scaling_efficiency_prediction", "simulate_ring_allreduce", "simulate_parameter_server",
+    "chexnet_gradient_sizes",
     # hvd_timeline
-    "TimelineEvent", "read_trace_records", "parse_timeline", "wait_for_timeline",
-    "timeline_summary", "short_tensor_name", "busy_time_us", "record_timeline",
-    # plots
-    "plot_sweeps", "plot_timeline",
+    "TimelineEvent", "parse_timeline", "wait_for_timeline", "timeline_summary",
+    "short_tensor_name", "busy_time_us",
 ]

@@ -1,4 +1,4 @@
-"""Where the data lives and how big a run is: the two knobs every notebook reads.
+"""Where the data lives and how big a run is: every setting a notebook reads.
 
 ``CHEXNET_DATA_DIR``
     A ChestX-ray14-style folder (the real NIH download, or a synthetic stand-in). Unset, the
@@ -8,12 +8,14 @@
     GPU) or ``gpu-node`` (a node with several GPUs and the real data set).
 ``CHEXNET_WORK_DIR``
     Where derived files (TFRecords, checkpoints, logs, figures) go; default ``build/``.
-``CHEXNET_EPOCHS``, ``CHEXNET_BENCH_BATCHES``, ``CHEXNET_BENCH_REPEATS``, ``CHEXNET_BENCH_STEPS``, ``CHEXNET_ACCEL_MS``, ``CHEXNET_WORKERS``
+``CHEXNET_EPOCHS``, ``CHEXNET_BENCH_BATCHES``, ``CHEXNET_BENCH_REPEATS``, ``CHEXNET_BENCH_STEPS``, ``CHEXNET_ACCEL_MS``, ``CHEXNET_WORKERS``, ``CHEXNET_COMM_MAX_MB``
     Override one field of the preset (:data:`OVERRIDES`): epochs of the training notebooks,
     batches timed per input-pipeline measurement, repeats of each measurement, training steps
-    timed per throughput measurement, the emulated accelerator's milliseconds per step and
-    the largest number of Horovod engines. :func:`scale` resolves them; notebooks read the
-    preset's fields and nothing else.
+    timed per throughput measurement, the emulated accelerator's milliseconds per step, the
+    largest number of Horovod engines and the largest tensor (MiB) of notebook 05's
+    allreduce sweeps. :func:`scale` resolves them; notebooks read the preset's fields and
+    nothing else (no ``SCALE.name == ...`` branches: a setting that differs between presets
+    is a field of :class:`Scale`).
 ``CHEXNET_MIXED_PRECISION``, ``CHEXNET_XLA``
     ``on`` / ``off`` / ``auto`` (default): mixed precision and XLA, on where the process has a
     GPU (:mod:`chexnet_utils.accelerator`). On a GPU node the notebooks start one worker per
@@ -31,43 +33,86 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Scale:
-    """Sizes for one scale preset."""
+    """Sizes for one scale preset: every setting a notebook reads that depends on the scale.
+
+    Each field's docstring names the notebooks that read it (directly, or through
+    :mod:`chexnet_utils.data` / :mod:`chexnet_utils.run_configs`)."""
 
     name: str
+    """The preset's name (``CHEXNET_SCALE``); notebooks print it and record it in results,
+    they never branch on it."""
     n_images: int
-    """Images in the synthetic stand-in (ignored when ``CHEXNET_DATA_DIR`` is set)."""
+    """Images in the synthetic stand-in (ignored when ``CHEXNET_DATA_DIR`` is set): made by
+    :func:`chexnet_utils.data.prepare_data` on first use (every notebook); notebook 06 also
+    prices caching each preset's data set."""
     source_size: int
-    """Side in pixels of the synthetic PNGs (NIH's are 1024)."""
+    """Side in pixels of the synthetic PNGs (NIH's are 1024); :mod:`chexnet_utils.data`."""
     image_size: int
-    """Side the model sees after resizing."""
+    """Side the model sees after resizing (notebooks 01-04 and 06; the engine runs of 04 via
+    :mod:`chexnet_utils.run_configs`)."""
     arch: str
-    """Model architecture for training notebooks."""
+    """Model architecture of the training notebooks (03, 04)."""
     batch_size: int
+    """Batch per worker (notebooks 02, 03, 04 and 06)."""
     epochs: int
+    """Epochs of the training notebooks (03; 04 through :mod:`chexnet_utils.run_configs`)."""
     max_workers: int
-    """Largest number of Horovod engines the notebooks start."""
+    """Largest number of Horovod engines the notebooks start (04, 05) or simulate (02)."""
     shard_size: int | None
-    """Images per TFRecord shard (``None``: about 100 MB per shard, TF's usual advice)."""
+    """Images per TFRecord shard (``None``: about 100 MB per shard, TF's usual advice):
+    :func:`chexnet_utils.data.prepare_tfrecords` (every notebook), notebook 01."""
     bench_batches: int = 8
     """Batches timed per input-pipeline measurement (notebooks 02 and 06)."""
     bench_repeats: int = 3
-    """Runs per measurement; the median is reported (notebooks 02 and 03)."""
+    """Runs per measurement, alternating between the settings compared; the median is
+    reported (notebooks 02 and 03)."""
     bench_steps: int = 8
     """Training steps timed per images/s measurement (notebooks 03 and 04)."""
+    bench_warmup: int = 2
+    """Untimed batches (or training steps) before each timed run of a pipeline or a training
+    step: tracing, filling the buffers (notebooks 02, 03 and 06)."""
     accel_ms: float = 20.0
-    """Milliseconds of emulated accelerator work per step (notebooks 04 and 06)."""
+    """Milliseconds of emulated accelerator work per step (notebook 04)."""
+    comm_max_mb: float = 128.0
+    """Largest tensor, in MiB, of notebook 05's allreduce sweeps (1 KiB, 2 KiB, ... up to it;
+    :func:`chexnet_utils.collectives.default_max_bytes`)."""
+    comm_repeats: int = 10
+    """Timed repeats per tensor size of notebook 05's allreduce sweeps and tensor-fusion
+    bursts (the fastest and the median are reported)."""
+    comm_image_size: int = 128
+    """Image side of the training step that notebook 05 times on its engines (Horovod vs
+    MultiWorkerMirroredStrategy, process binding)."""
+    comm_batch_size: int = 16
+    """Batch per worker of notebook 05's timed training step."""
+    comm_steps: int = 10
+    """Timed steps per repeat of notebook 05's training step."""
+    comm_warmup_steps: int = 3
+    """Untimed steps before notebook 05's timed training steps."""
+    comm_step_repeats: int = 3
+    """Timed blocks of ``comm_steps`` steps in notebook 05 (their median is reported)."""
+    comm_cycle_time_clusters: bool = True
+    """Notebook 05's tensor-fusion section also starts the two ``HOROVOD_CYCLE_TIME``
+    clusters (0.2 ms and 5 ms): two more cluster start-ups."""
+    feeding_shards: int = 16
+    """Train shards notebook 06's toolbox sections read (cache, snapshot, PyDataset)."""
+    feeding_repeats: int = 1
+    """Runs per measurement in notebook 06 (one: it shows the tools; notebook 02 measures
+    with ``bench_repeats``)."""
+    service_warmup: int = 3
+    """Untimed trainer steps before notebook 06's tf.data service scenario is timed."""
 
 
 SCALES: dict[str, Scale] = {
     "ci": Scale("ci", n_images=600, source_size=1024, image_size=128, arch="small",
                 batch_size=16, epochs=5, max_workers=2, shard_size=32, bench_repeats=2,
-                bench_steps=6),
+                bench_steps=6, comm_max_mb=32.0, comm_repeats=5, comm_image_size=64,
+                comm_cycle_time_clusters=False, feeding_shards=3),
     "workstation": Scale("workstation", n_images=6000, source_size=1024, image_size=224,
                          arch="densenet121", batch_size=16, epochs=5, max_workers=4,
-                         shard_size=256),
+                         shard_size=256, comm_max_mb=128.0),
     "gpu-node": Scale("gpu-node", n_images=20000, source_size=1024, image_size=224,
                       arch="densenet121", batch_size=32, epochs=10, max_workers=8,
-                      shard_size=None, bench_batches=50, bench_steps=50),
+                      shard_size=None, bench_batches=50, bench_steps=50, comm_max_mb=256.0),
 }
 
 OVERRIDES: dict[str, tuple[str, type]] = {
@@ -77,6 +122,7 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "CHEXNET_BENCH_STEPS": ("bench_steps", int),
     "CHEXNET_ACCEL_MS": ("accel_ms", float),
     "CHEXNET_WORKERS": ("max_workers", int),
+    "CHEXNET_COMM_MAX_MB": ("comm_max_mb", float),
 }
 """Environment variable -> (field of :class:`Scale`, type); applied by :func:`scale`."""
 

@@ -206,12 +206,16 @@ def mpi_rank() -> int:
     return 0
 
 
-_mpi_rank = mpi_rank
-"""The old, private name of :func:`mpi_rank` (kept for compatibility)."""
-
-
 class EngineFailure(RuntimeError):
     """An engine (or the whole MPI job) died, or a task ran past its time limit."""
+
+
+def check_listen_address(ip: str) -> None:
+    """``ValueError`` for a wildcard address (``0.0.0.0``, ``::``, ``*``, empty): a controller
+    listens on one named interface, never on every network of the machine."""
+    if ip.strip() in ("", "0.0.0.0", "*", "::", "[::]"):
+        raise ValueError(f"controller_ip={ip!r} would listen on every interface: name the "
+                         "address of the one the engines reach (127.0.0.1 on one machine)")
 
 
 class MPICluster:
@@ -245,6 +249,7 @@ class MPICluster:
                  curve: bool | None = None) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        check_listen_address(controller_ip)
         self.n = n
         self.map_by, self.bind_to, self.hostfile = map_by, bind_to, hostfile
         self.mpi_args = list(mpi_args)

@@ -143,9 +143,11 @@ class UtilisationSampler:
 
 def sample_during(fn: Callable[..., Any], *args: Any, interval: float = 0.1,
                   gpus: Sequence[int] | None = None, nvml: Any | None = None,
+                  clock: Callable[[], float] = time.perf_counter,
                   **kwargs: Any) -> tuple[Any, list[Sample]]:
-    """Run ``fn(*args, **kwargs)`` while sampling; return ``(its result, the samples)``."""
-    with UtilisationSampler(interval, gpus, nvml) as sampler:
+    """Run ``fn(*args, **kwargs)`` while sampling; return ``(its result, the samples)``.
+    ``interval``, ``gpus``, ``nvml`` and ``clock`` as in :class:`UtilisationSampler`."""
+    with UtilisationSampler(interval, gpus, nvml, clock) as sampler:
         result = fn(*args, **kwargs)
     return result, sampler.samples
 

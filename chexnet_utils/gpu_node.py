@@ -24,6 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from chexnet_utils.bench_timing import barrier_windows
+from chexnet_utils.collectives import barrier
 from chexnet_utils.steptimer import StepConfig
 
 ARTICLE_GPU_COUNTS = (1, 2, 3, 4, 8)
@@ -108,7 +110,7 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
 
     from chexnet_utils.accelerator import build_model, resolve_switches
     from chexnet_utils.pipelines import accelerator_device, build_pipeline, to_accelerator
-    from chexnet_utils.scaling import prepare_data_parallel_model, timed_window
+    from chexnet_utils.scaling import prepare_data_parallel_model
     from chexnet_utils.tfrecords import list_shards
     from chexnet_utils.dataparallel import init_world
 
@@ -124,8 +126,11 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
     if c.pipeline == "new":
         ds = to_accelerator(ds, accelerator_device())
     it = iter(ds)
-    seconds, wall0 = timed_window(lambda: model.train_on_batch(*next(it)), c.warmup_steps,
-                                  c.steps, barrier_name="gpu_bench_barrier")
+    import horovod.tensorflow as hvd
+
+    seconds, wall0 = barrier_windows(lambda: model.train_on_batch(*next(it)),
+                                     lambda: barrier(hvd, "gpu_bench_barrier"), c.steps,
+                                     warmup_steps=c.warmup_steps)[0]
     return {"rank": rank, "size": size, "seconds": seconds,
             "img_per_s": c.steps * c.batch_size * size / seconds, "pipeline": c.pipeline,
             "mixed_precision": sw.mixed_precision, "xla": sw.xla, "why": sw.why,

@@ -35,7 +35,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from chexnet_utils.devices import run_nvidia_smi
+from chexnet_utils.devices import run_nvidia_smi, usable_cpus
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -204,7 +204,7 @@ def bind_this_process(cpus: Sequence[int]) -> tuple[int, ...]:
     if not allowed:
         raise ValueError(f"none of the cores {_ranges(cpus)} exists on this machine")
     os.sched_setaffinity(0, allowed)
-    return tuple(sorted(os.sched_getaffinity(0)))
+    return usable_cpus()
 
 
 EXAMPLE_DGX1_TOPOLOGY = (

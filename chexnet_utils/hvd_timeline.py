@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chexnet_utils.collectives import barrier as _barrier
+from chexnet_utils.collectives import barrier
 
 
 # ---------------------------------------------------------------------------------------
@@ -218,12 +218,12 @@ def record_timeline(hvd: Any, path: str, fn: Callable[[], Any], steps: int) -> s
             "environment (MPICluster(env={'HOROVOD_TIMELINE': 'DYNAMIC'})); with "
             "HOROVOD_TIMELINE=<file> Horovod records everything from hvd.init() on instead")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    _barrier(hvd)
+    barrier(hvd)
     hvd.start_timeline(str(path), mark_cycles=False)
     for _ in range(steps):
         fn()
-    _barrier(hvd)
+    barrier(hvd)
     hvd.stop_timeline()
-    _barrier(hvd)
+    barrier(hvd)
     return str(path) if hvd.rank() == 0 else None
 

@@ -412,7 +412,7 @@ def bench_link(preset: str = "full", rate_bit: float = 1e9,
     result: dict[str, Any] = {"preset": preset, "rate_bit": rate_bit, "sizes_bytes": sizes,
                               "launchers": list(launchers)}
     with two_nodes() as nodes:
-        result["ips"] = list(nodes.ips)
+        result["ips"], result["prefix"] = list(nodes.ips), nodes.prefix
         m = measure_link(nodes, launchers, sizes, cfg["repeats"], cfg["count_bytes"],
                          cfg["count_iters"], cfg["tcp_bytes"], rate_bit, log)
         result.update(m)

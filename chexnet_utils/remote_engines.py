@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from chexnet_utils.atomic import make_private
+from chexnet_utils.distributed import check_listen_address
 from chexnet_utils.processes import alive, wait_gone
 
 
@@ -48,9 +49,7 @@ class RemoteEngines:
                  engine_timeout: float = 60, env: Mapping[str, str] | None = None) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        if ip in ("0.0.0.0", "*", "::"):
-            raise ValueError("name the interface's address: listening on every interface "
-                             "exposes the controller to all networks of this machine")
+        check_listen_address(ip)
         self.ip, self.n, self.launch, self.curve = ip, n, list(launch), curve
         self.engine_timeout = engine_timeout
         self.env = dict(env or {})

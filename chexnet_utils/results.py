@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from chexnet_utils.atomic import write_text_atomic
+from chexnet_utils.atomic import json_safe, write_json_atomic
 from chexnet_utils.config import work_dir
 
 
@@ -37,14 +37,16 @@ def load(path: Path | None = None) -> dict[str, dict[str, Any]]:
 
 
 def record(notebook: str, values: Mapping[str, Any], path: Path | None = None) -> None:
-    """Merge ``values`` into the results of ``notebook`` (atomic write).
+    """Merge ``values`` into the results of ``notebook`` (atomic write, strict JSON).
 
-    Values must be JSON-serialisable (numbers, strings, lists, dicts).
+    Values must be JSON-serialisable (numbers, strings, lists, dicts; numpy scalars and
+    arrays are converted): :func:`~chexnet_utils.atomic.json_safe`, so NaN and inf are
+    written as ``null``.
     """
     path = path or results_path()
     data = load(path)
-    data.setdefault(notebook, {}).update(json.loads(json.dumps(dict(values), default=float)))
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True))
+    data.setdefault(notebook, {}).update(json_safe(dict(values)))
+    write_json_atomic(path, data, sort_keys=True)
 
 
 def save_figure(fig: Any, name: str) -> Path:

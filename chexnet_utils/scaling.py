@@ -30,6 +30,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chexnet_utils.bench_timing import barrier_windows
+from chexnet_utils.collectives import barrier
 from chexnet_utils.steptimer import StepConfig
 
 if TYPE_CHECKING:
@@ -62,27 +64,6 @@ def prepare_data_parallel_model(model: Any, jit_compile: bool = False) -> None:
     model.gradient_reducer = gradient_averager(True)
     model.optimizer.build(model.trainable_variables)
     broadcast_initial_state(model, True)
-
-
-def timed_window(step: Callable[[], None], warmup_steps: int, steps: int,
-                 barrier_name: str = "bench_barrier") -> tuple[float, float]:
-    """``warmup_steps`` untimed calls of ``step``, then ``steps`` timed ones between two
-    Horovod barriers (an allreduce), so every worker reports the same interval. Returns
-    (seconds, wall-clock start as ``time.time()``)."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    def barrier() -> None:
-        hvd.allreduce(tf.constant(0.0), name=barrier_name, op=hvd.Sum).numpy()
-
-    for _ in range(warmup_steps):
-        step()
-    barrier()
-    t0, wall0 = time.perf_counter(), time.time()
-    for _ in range(steps):
-        step()
-    barrier()
-    return time.perf_counter() - t0, wall0
 
 
 def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +117,8 @@ def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
             batches += 1
             model.train_on_batch(x, y)
 
-    seconds, _ = timed_window(step, c.warmup_steps, c.steps)
+    seconds = barrier_windows(step, lambda: barrier(hvd, "bench_barrier"), c.steps,
+                              warmup_steps=c.warmup_steps)[0].seconds
     images = c.steps * c.batch_size * size
     out = {"rank": rank, "size": size, "seconds": seconds, "img_per_s": images / seconds,
            "pipeline": c.pipeline, "accelerator_ms": c.accelerator_ms, "batches": batches}

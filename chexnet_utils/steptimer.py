@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from chexnet_utils.collectives import barrier as _barrier
-from chexnet_utils.collectives import horovod_compression as _compression
-from chexnet_utils.collectives import init_horovod as _hvd
-from chexnet_utils.collectives import quiet_tensorflow as _quiet_tensorflow
+from chexnet_utils.bench_timing import barrier_windows
+from chexnet_utils.collectives import barrier, horovod_compression, init_horovod, quiet_tensorflow
+from chexnet_utils.distributed import mpi_rank
 from chexnet_utils.hvd_timeline import record_timeline
 
 
@@ -145,11 +143,11 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
     from chexnet_utils.models import build_chexnet
     from chexnet_utils.dataparallel import broadcast_initial_state, init_world
 
-    _quiet_tensorflow()
+    quiet_tensorflow()
     c = StepConfig.of(cfg, **overrides)
     rank, n = init_world(True)
-    hvd = _hvd()
-    comp = _compression(hvd, compression)
+    hvd = init_horovod()
+    comp = horovod_compression(hvd, compression)
     keras.utils.set_random_seed(c.seed)
     model = build_chexnet(c.arch, c.image_size)
     opt = keras.optimizers.SGD(c.learning_rate)
@@ -177,14 +175,7 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    def run_steps() -> None:
-        for _ in range(c.steps):
-            loss = step()
-        loss.numpy()
-
-    for _ in range(c.warmup_steps):
-        step()
-    runs = _timed_blocks(run_steps, c.repeats, lambda: _barrier(hvd))
+    runs = _timed_runs(step, lambda: barrier(hvd), c, finish=lambda loss: loss.numpy())
     checks = {"weights_checksum": _weights_checksum(model),
               "update_norm": _update_norm(model, initial)}
     recorded = None
@@ -196,17 +187,14 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
             "config": asdict(c)}
 
 
-def _timed_blocks(fn: Callable[[], None], repeats: int, barrier: Callable[[], None]
-                  ) -> list[float]:
-    """Seconds of ``repeats`` calls of ``fn``, each between two barriers."""
-    runs = []
-    for _ in range(max(1, repeats)):
-        barrier()
-        t0 = time.perf_counter()
-        fn()
-        barrier()
-        runs.append(time.perf_counter() - t0)
-    return runs
+def _timed_runs(step: Callable[[], Any], sync: Callable[[], None], c: StepConfig,
+                finish: Callable[[Any], Any]) -> list[float]:
+    """Seconds of each of ``c.repeats`` (at least one) windows of ``c.steps`` steps after
+    ``c.warmup_steps`` untimed ones, barrier to barrier
+    (:func:`~chexnet_utils.bench_timing.barrier_windows`; ``finish`` waits for the last
+    step's result)."""
+    return [w.seconds for w in barrier_windows(step, sync, c.steps, max(1, c.repeats),
+                                               c.warmup_steps, finish=finish)]
 
 
 def _throughput(runs: list[float], c: StepConfig, n: int) -> dict[str, Any]:
@@ -255,12 +243,6 @@ def tf_config(ports: Sequence[int], rank: int, host: str = "127.0.0.1") -> dict[
             "task": {"type": "worker", "index": int(rank)}}
 
 
-def _mpi_rank() -> int:
-    from chexnet_utils.distributed import mpi_rank as rank_from_launcher
-
-    return rank_from_launcher()
-
-
 def mwms_setup_on_engine(ports: Sequence[int], implementation: str = "ring") -> dict[str, Any]:
     """Create this worker's ``tf.distribute.MultiWorkerMirroredStrategy``. Run on every worker.
 
@@ -280,15 +262,15 @@ def mwms_setup_on_engine(ports: Sequence[int], implementation: str = "ring") -> 
     """
     import tensorflow as tf
 
-    _quiet_tensorflow()
+    quiet_tensorflow()
     key = ",".join(str(p) for p in ports)
     if _MWMS.get("key") == key:
         s = _MWMS["strategy"]
-        return {"rank": _mpi_rank(), "replicas": s.num_replicas_in_sync, "reused": True}
+        return {"rank": mpi_rank(), "replicas": s.num_replicas_in_sync, "reused": True}
     if _MWMS:
         raise RuntimeError("this process already has a MultiWorkerMirroredStrategy for other "
                            "ports; TensorFlow cannot create a second one (restart the engines)")
-    rank = _mpi_rank()
+    rank = mpi_rank()
     os.environ["TF_CONFIG"] = json.dumps(tf_config(ports, rank))
     impl = {"ring": tf.distribute.experimental.CommunicationImplementation.RING,
             "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
@@ -327,10 +309,10 @@ def mwms_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
 
     if "strategy" not in _MWMS:
         raise RuntimeError("call mwms_setup_on_engine(ports) on every engine first")
-    _quiet_tensorflow()
+    quiet_tensorflow()
     strategy = _MWMS["strategy"]
     c = StepConfig.of(cfg, **overrides)
-    rank = _mpi_rank()
+    rank = mpi_rank()
     n = strategy.num_replicas_in_sync
     keras.utils.set_random_seed(c.seed)
     with strategy.scope():
@@ -354,18 +336,12 @@ def mwms_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
     def step() -> Any:
         return strategy.run(replica_step)
 
-    def barrier() -> None:
+    def strategy_barrier() -> None:
         one = strategy.run(lambda: tf.constant(1.0))
         strategy.reduce(tf.distribute.ReduceOp.SUM, one, axis=None).numpy()
 
-    def run_steps() -> None:
-        for _ in range(c.steps):
-            loss = step()
-        strategy.experimental_local_results(loss)[0].numpy()
-
-    for _ in range(c.warmup_steps):
-        step()
-    runs = _timed_blocks(run_steps, c.repeats, barrier)
+    runs = _timed_runs(step, strategy_barrier, c,
+                       finish=lambda loss: strategy.experimental_local_results(loss)[0].numpy())
     return {"backend": "mwms", "rank": rank, "size": n, **_throughput(runs, c, n),
             "params": int(model.count_params()),
             "weights_checksum": _weights_checksum(model),

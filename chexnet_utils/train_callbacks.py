@@ -23,7 +23,6 @@ module does not import Keras):
 from __future__ import annotations
 
 import math
-import os
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -31,13 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chexnet_utils.checkpoints import (
-    BEST_NAME,
-    LAST_NAME,
-    STATE_NAME,
-    json_safe,
-    write_json_atomic,
-)
+from chexnet_utils.atomic import atomic_path, json_safe, write_json_atomic
+from chexnet_utils.checkpoints import BEST_NAME, LAST_NAME, STATE_NAME
 from chexnet_utils.dataparallel import allreduce_mean, broadcast_initial_state
 from chexnet_utils.models import mean_auroc, per_class_auroc
 from chexnet_utils.train_data import loss_value, predict_split
@@ -161,12 +155,12 @@ def callback_classes() -> dict[str, type]:
             if not self.write:
                 return
             if improved:
-                tmp = self.ckpt_dir / "best.tmp.weights.h5"
-                self.model.save_weights(tmp)
-                os.replace(tmp, self.ckpt_dir / BEST_NAME)
-            tmp = self.ckpt_dir / "last.tmp.keras"
-            self.model.save(tmp)
-            os.replace(tmp, self.ckpt_dir / LAST_NAME)
+                with atomic_path(self.ckpt_dir / BEST_NAME,
+                                 tmp=self.ckpt_dir / "best.tmp.weights.h5") as tmp:
+                    self.model.save_weights(tmp)
+            with atomic_path(self.ckpt_dir / LAST_NAME,
+                             tmp=self.ckpt_dir / "last.tmp.keras") as tmp:
+                self.model.save(tmp)
             write_json_atomic(self.ckpt_dir / STATE_NAME, self.state)
 
     class Broadcast(keras.callbacks.Callback):

@@ -36,8 +36,8 @@ def timelines(rows: Sequence, title: str = "", xlabel: str = "seconds since the 
               ):  # noqa: ANN201
     """Training-step timelines stacked one above the other, the first on top.
 
-    ``rows`` are :class:`chexnet_utils.benchmark.Timeline` objects (anything with ``plot(ax,
-    y, height)``, ``label`` and ``wait_fraction``): per step a red bar while the accelerator
+    ``rows`` are :class:`chexnet_utils.benchmark.Timeline` objects (anything with
+    ``segments()``, ``label`` and ``wait_fraction``): per step a red bar while the accelerator
     waits for its batch and a green bar while it computes. Each row is labelled with its
     ``label`` and the share of the wall time spent waiting, and all rows share one time
     axis, so a pipeline that finishes the same steps sooner has the shorter row.
@@ -50,7 +50,7 @@ def timelines(rows: Sequence, title: str = "", xlabel: str = "seconds since the 
     n = len(rows)
     for i, tl in enumerate(rows):
         y = n - 1 - i  # first row on top
-        tl.plot(ax=ax, y=y + 0.1, height=0.8)
+        _timeline_bars(ax, tl, y=y + 0.1, height=0.8)
     ax.set_yticks([n - 1 - i + 0.5 for i in range(n)],
                   [f"{tl.label}\nwaiting {tl.wait_fraction:.0%}" for tl in rows])
     ax.set_ylim(0, n)
@@ -65,6 +65,16 @@ def timelines(rows: Sequence, title: str = "", xlabel: str = "seconds since the 
         ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def _timeline_bars(ax: Any, timeline: Any, y: float = 0.0, height: float = 0.8) -> Any:
+    """Draw one timeline's steps on ``ax`` at height ``y``: red while waiting for data, green
+    while computing (``timeline.segments()``, e.g. a
+    :class:`chexnet_utils.benchmark.Timeline`); returns ``ax``."""
+    seg = timeline.segments()
+    ax.broken_barh(seg["wait"], (y, height), color="tab:red", label="waiting for data")
+    ax.broken_barh(seg["compute"], (y, height), color="tab:green", label="computing")
+    return ax
 
 
 def scaling(workers: Sequence[int], series: Mapping[str, Sequence[float]], ylabel: str,

@@ -1,9 +1,9 @@
 """The healthy chest of a synthetic film: one patient's anatomy, one shot, the base image.
 
-:class:`_Anatomy` holds a patient's chest geometry and densities (drawn once per patient by
-:func:`_draw_anatomy`, so follow-ups look alike), :class:`_Shot` one acquisition (position,
-breath, exposure, texture seeds), :class:`_Canvas` the attenuation map being built with its
-lung masks, and :func:`_render_base` draws body, lungs with vessel markings, trachea, heart,
+:class:`Anatomy` holds a patient's chest geometry and densities (drawn once per patient by
+:func:`draw_anatomy`, so follow-ups look alike), :class:`Shot` one acquisition (position,
+breath, exposure, texture seeds), :class:`Canvas` the attenuation map being built with its
+lung masks, and :func:`render_base` draws body, lungs with vessel markings, trachea, heart,
 hila, spine, ribs, clavicles and the gastric bubble onto it. The pathology signs of
 :mod:`chexnet_utils.synthetic.findings` are drawn on top; :mod:`.render` turns the map into
 grey levels.
@@ -20,7 +20,7 @@ from PIL import Image
 
 
 @dataclass(frozen=True)
-class _Anatomy:
+class Anatomy:
     """One patient's chest, in normalised image coordinates (x, y in [-1, 1], y downwards).
 
     Both lungs share one outline mirrored about the midline: between the mediastinal border
@@ -82,26 +82,29 @@ class _Anatomy:
         return side * (m + u * (lat - m)), self.apex + t * (self.ylat - self.apex)
 
 
-def _u(rng: np.random.Generator, lo: float, hi: float) -> float:
+def uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    """One draw of ``rng`` uniform in ``[lo, hi)``, as a Python float."""
     return float(rng.uniform(lo, hi))
 
 
-def _draw_anatomy(rng: np.random.Generator) -> _Anatomy:
-    dome_r = _u(rng, 0.40, 0.50)
-    return _Anatomy(
-        bw=_u(rng, 0.78, 0.88), nw=_u(rng, 0.15, 0.20), sy=_u(rng, -0.80, -0.70),
-        xmed=_u(rng, 0.08, 0.12), xlat=_u(rng, 0.60, 0.68), apex=_u(rng, -0.72, -0.62),
-        dome_r=dome_r, dome_l=dome_r + _u(rng, 0.02, 0.06), dome_h=_u(rng, 0.09, 0.14),
-        hcx=_u(rng, 0.10, 0.14), ha=_u(rng, 0.27, 0.30), hb=_u(rng, 0.19, 0.22),
-        hang=_u(rng, 0.30, 0.50), hx=_u(rng, 0.15, 0.19), hy=_u(rng, -0.12, -0.02),
-        tissue=_u(rng, 140, 158), lung_dark=_u(rng, 78, 92), mk_amp=_u(rng, 12, 18),
-        mk_n=_u(rng, 14, 20), rib_n=_u(rng, 8.5, 10.0), rib_k=_u(rng, 0.8, 1.2),
-        rib_x0=_u(rng, 0.32, 0.40), rib_phase=_u(rng, 0.0, 1.0), spine_w=_u(rng, 0.05, 0.065),
+def draw_anatomy(rng: np.random.Generator) -> Anatomy:
+    """A random patient's chest (the draws are made in the order of the fields below)."""
+    u = uniform
+    dome_r = u(rng, 0.40, 0.50)
+    return Anatomy(
+        bw=u(rng, 0.78, 0.88), nw=u(rng, 0.15, 0.20), sy=u(rng, -0.80, -0.70),
+        xmed=u(rng, 0.08, 0.12), xlat=u(rng, 0.60, 0.68), apex=u(rng, -0.72, -0.62),
+        dome_r=dome_r, dome_l=dome_r + u(rng, 0.02, 0.06), dome_h=u(rng, 0.09, 0.14),
+        hcx=u(rng, 0.10, 0.14), ha=u(rng, 0.27, 0.30), hb=u(rng, 0.19, 0.22),
+        hang=u(rng, 0.30, 0.50), hx=u(rng, 0.15, 0.19), hy=u(rng, -0.12, -0.02),
+        tissue=u(rng, 140, 158), lung_dark=u(rng, 78, 92), mk_amp=u(rng, 12, 18),
+        mk_n=u(rng, 14, 20), rib_n=u(rng, 8.5, 10.0), rib_k=u(rng, 0.8, 1.2),
+        rib_x0=u(rng, 0.32, 0.40), rib_phase=u(rng, 0.0, 1.0), spine_w=u(rng, 0.05, 0.065),
     )
 
 
 @dataclass(frozen=True)
-class _Shot:
+class Shot:
     """Per-image acquisition: positioning, breath, exposure, and seeds for the textures."""
 
     dx: float
@@ -115,14 +118,16 @@ class _Shot:
     seeds: tuple[int, ...]  # illumination, markings, noise, parenchyma
 
 
-def _draw_shot(rng: np.random.Generator) -> _Shot:
-    return _Shot(dx=_u(rng, -0.03, 0.03), dy=_u(rng, -0.03, 0.03), breath=_u(rng, -0.03, 0.03),
-                 gain=_u(rng, 0.92, 1.08), offset=_u(rng, -6, 6), gamma=_u(rng, 0.9, 1.1),
-                 bg=_u(rng, 8, 20), noise_amp=_u(rng, 3.0, 4.5),
-                 seeds=tuple(int(s) for s in rng.integers(0, 2**63, size=4)))
+def draw_shot(rng: np.random.Generator) -> Shot:
+    """A random acquisition of one image (positioning, exposure, texture seeds)."""
+    u = uniform
+    return Shot(dx=u(rng, -0.03, 0.03), dy=u(rng, -0.03, 0.03), breath=u(rng, -0.03, 0.03),
+                gain=u(rng, 0.92, 1.08), offset=u(rng, -6, 6), gamma=u(rng, 0.9, 1.1),
+                bg=u(rng, 8, 20), noise_amp=u(rng, 3.0, 4.5),
+                seeds=tuple(int(s) for s in rng.integers(0, 2**63, size=4)))
 
 
-class _Canvas:
+class Canvas:
     """Attenuation image being built (float32, bigger = brighter) plus the lung maps."""
 
     def __init__(self, w: int, dx: float, dy: float) -> None:
@@ -133,7 +138,7 @@ class _Canvas:
         self.y = (coords - np.float32(dy))[:, None]  # y grows downwards
         self.ax = np.abs(self.x)
         self.A = np.zeros((w, w), np.float32)
-        # Filled by _render_base (full-size maps, or (w, 1) columns for per-row values):
+        # Filled by render_base (full-size maps, or (w, 1) columns for per-row values):
         self.t = self.y        # relative lung height, 0 at the apex, 1 at the CP angles
         self.xm = self.y       # mediastinal and lateral lung edge per row
         self.xl = self.y
@@ -155,14 +160,14 @@ class _Canvas:
             return None
         return slice(r0, r1), slice(c0, c1)
 
-    def edge_distance(self, rs: slice, cs: slice, an: _Anatomy) -> np.ndarray:
+    def edge_distance(self, rs: slice, cs: slice, an: Anatomy) -> np.ndarray:
         """Distance (normalised units) to the lateral or apical lung outline."""
         dlat = self.xl[rs] - self.ax[:, cs]
         dtop = self.y[rs] - an.apex
         return np.minimum(dlat, dtop)
 
 
-def _ellipse(x: np.ndarray, y: np.ndarray, cx: float, cy: float, rx: float, ry: float,
+def ellipse(x: np.ndarray, y: np.ndarray, cx: float, cy: float, rx: float, ry: float,
              edge: float, angle: float = 0.0) -> np.ndarray:
     """Soft ellipse: 1 inside, 0 outside, ramp of about ``edge`` (normalised units) wide."""
     dx, dy = x - cx, y - cy
@@ -174,14 +179,15 @@ def _ellipse(x: np.ndarray, y: np.ndarray, cx: float, cy: float, rx: float, ry: 
     return np.clip((1.0 - q) * k, 0.0, 1.0)
 
 
-def _smooth_noise(rng: np.random.Generator, grid: int, shape: tuple[int, int]) -> np.ndarray:
+def smooth_noise(rng: np.random.Generator, grid: int, shape: tuple[int, int]) -> np.ndarray:
     """Low-frequency noise (~N(0,1) at ``grid`` x ``grid`` knots, bicubic in between)."""
     g = rng.standard_normal((grid, grid)).astype(np.float32)
     h, w = shape
     return np.asarray(Image.fromarray(g).resize((w, h), Image.Resampling.BICUBIC))
 
 
-def _render_base(c: _Canvas, an: _Anatomy, shot: _Shot) -> None:
+def render_base(c: Canvas, an: Anatomy, shot: Shot) -> None:
+    """Draw the healthy chest of ``an`` as taken by ``shot`` into ``c`` (before the signs)."""
     x, y, ax, A = c.x, c.y, c.ax, c.A
     w = c.w
     # Body: neck, rounded shoulders, torso.
@@ -211,8 +217,8 @@ def _render_base(c: _Canvas, an: _Anatomy, shot: _Shot) -> None:
 
     # Vessel markings: wiggly, tapering lines radiating from the hila.
     rng_mk = np.random.default_rng(shot.seeds[1])
-    warp = _smooth_noise(rng_mk, 14, (w, w))
-    gate = _smooth_noise(rng_mk, 20, (w, w))
+    warp = smooth_noise(rng_mk, 14, (w, w))
+    gate = smooth_noise(rng_mk, 20, (w, w))
     px = ax - an.hx
     py = y - an.hy
     rr = np.sqrt(px * px + py * py)
@@ -221,7 +227,7 @@ def _render_base(c: _Canvas, an: _Anatomy, shot: _Shot) -> None:
     streak *= np.clip(gate + 0.9, 0.0, 1.0)
     fall = np.clip(1.0 - rr * (1 / 0.9), 0.0, 1.0) * np.clip(rr * (1 / 0.1), 0.0, 1.0)
     mark = streak * fall * (an.mk_amp * 2.2) * L
-    paren = _smooth_noise(np.random.default_rng(shot.seeds[3]), 28, (w, w))
+    paren = smooth_noise(np.random.default_rng(shot.seeds[3]), 28, (w, w))
     lungsig = L * (an.lung_dark + 4.0 * paren) - mark
     A -= lungsig
     c.t, c.xm, c.xl, c.inside, c.below, c.L, c.mark = tl, xm, xl, inside, below, L, mark
@@ -239,7 +245,7 @@ def _render_base(c: _Canvas, an: _Anatomy, shot: _Shot) -> None:
     b = c.box(an.hcx - R, an.hcx + R, hcy - R, hcy + R)
     if b:
         rs, cs = b
-        heart = _ellipse(x[:, cs], y[rs], an.hcx, hcy, an.ha, an.hb, 0.015, an.hang)
+        heart = ellipse(x[:, cs], y[rs], an.hcx, hcy, an.ha, an.hb, 0.015, an.hang)
         A[rs, cs] += heart * (lungsig[rs, cs] * 0.95 + 3.0)
         L[rs, cs] *= 1.0 - heart
         lungsig[rs, cs] *= 1.0 - heart
@@ -247,7 +253,7 @@ def _render_base(c: _Canvas, an: _Anatomy, shot: _Shot) -> None:
     b = c.box(kx - 0.08, kx + 0.08, ky - 0.08, ky + 0.08)
     if b:
         rs, cs = b
-        knob = _ellipse(x[:, cs], y[rs], kx, ky, 0.06, 0.055, 0.015)
+        knob = ellipse(x[:, cs], y[rs], kx, ky, 0.06, 0.055, 0.015)
         A[rs, cs] += knob * (lungsig[rs, cs] * 0.9 + 3.0)
         L[rs, cs] *= 1.0 - knob
         lungsig[rs, cs] *= 1.0 - knob
@@ -294,7 +300,7 @@ def _render_base(c: _Canvas, an: _Anatomy, shot: _Shot) -> None:
     b = c.box(gx - 0.12, gx + 0.12, gy - 0.07, gy + 0.07)
     if b:
         rs, cs = b
-        A[rs, cs] -= 35.0 * _ellipse(x[:, cs], y[rs], gx, gy, 0.09, 0.045, 0.02)
+        A[rs, cs] -= 35.0 * ellipse(x[:, cs], y[rs], gx, gy, 0.09, 0.045, 0.02)
 
     # Uneven exposure.
-    A += _smooth_noise(np.random.default_rng(shot.seeds[0]), 3, (w, w)) * 6.0
+    A += smooth_noise(np.random.default_rng(shot.seeds[0]), 3, (w, w)) * 6.0

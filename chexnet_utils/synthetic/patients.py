@@ -4,7 +4,7 @@
 patients with a skewed number of follow-up images, ages, genders, views, pixel spacings and
 multi-label ``Finding Labels`` with NIH's prevalences (:data:`TARGET_PREVALENCE`) and
 co-occurrences. :func:`split_by_patient` gives the ``train_val_list.txt`` / ``test_list.txt``
-split with no patient in both. Every random stream comes from :func:`_stream` keyed by the
+split with no patient in both. Every random stream comes from :func:`rng_stream` keyed by the
 seed, so the rows are deterministic in ``seed``.
 """
 
@@ -60,13 +60,14 @@ _PRIMARY_CDF = np.cumsum(_PRIMARY_WEIGHTS / _PRIMARY_WEIGHTS.sum())
 _PRIMARY_CDF[-1] = 1.0
 
 
-def _stream(seed: int, *key: int) -> np.random.Generator:
+def rng_stream(seed: int, *key: int) -> np.random.Generator:
+    """The random stream of ``seed`` for one purpose, named by the integers ``key``."""
     return np.random.default_rng([seed, *key])
 
 
 def _images_per_patient(n: int, seed: int) -> np.ndarray:
     """Follow-up counts per patient (skewed, mean ~3.6, max 184 like NIH), summing to n."""
-    rng = _stream(seed, 2, 0)
+    rng = rng_stream(seed, 2, 0)
     chunks: list[np.ndarray] = []
     total = 0
     while total < n:
@@ -85,10 +86,10 @@ def _images_per_patient(n: int, seed: int) -> np.ndarray:
 
 def _sample_multihot(n: int, seed: int) -> np.ndarray:
     """(n, 14) bool finding matrix with NIH-like prevalences and co-occurrence."""
-    has_finding = _stream(seed, 3, 0).random(n) < _P_FINDING
-    primary = np.searchsorted(_PRIMARY_CDF, _stream(seed, 3, 1).random(n), side="right")
+    has_finding = rng_stream(seed, 3, 0).random(n) < _P_FINDING
+    primary = np.searchsorted(_PRIMARY_CDF, rng_stream(seed, 3, 1).random(n), side="right")
     primary = np.minimum(primary, NUM_CLASSES - 1)
-    extras = _stream(seed, 3, 2).random((n, NUM_CLASSES)) < _EXTRA[primary]
+    extras = rng_stream(seed, 3, 2).random((n, NUM_CLASSES)) < _EXTRA[primary]
     multi = extras
     multi[np.arange(n), primary] = True
     multi &= has_finding[:, None]
@@ -132,14 +133,14 @@ def sample_records(n: int, seed: int = 0, size: int = 1024) -> list[nih.ImageRec
     starts = np.repeat(np.cumsum(counts) - counts, counts)
     follow_up = np.arange(n) - starts
 
-    male = _stream(seed, 4, 0).random(n_pat) < 0.565
-    base_age = np.clip(np.rint(_stream(seed, 4, 1).normal(47.0, 16.5, n_pat)), 1, 95)
-    years_per_visit = _stream(seed, 4, 2).uniform(0.0, 0.5, n_pat)
+    male = rng_stream(seed, 4, 0).random(n_pat) < 0.565
+    base_age = np.clip(np.rint(rng_stream(seed, 4, 1).normal(47.0, 16.5, n_pat)), 1, 95)
+    years_per_visit = rng_stream(seed, 4, 2).uniform(0.0, 0.5, n_pat)
     age = np.clip(base_age[patient - 1] + np.floor(follow_up * years_per_visit[patient - 1]),
                   1, 95).astype(np.int64)
 
-    view_pa = _stream(seed, 5, 0).random(n) < 0.60
-    spacing_choice = np.searchsorted(np.array([0.8, 0.9]), _stream(seed, 5, 1).random(n),
+    view_pa = rng_stream(seed, 5, 0).random(n) < 0.60
+    spacing_choice = np.searchsorted(np.array([0.8, 0.9]), rng_stream(seed, 5, 1).random(n),
                                      side="right")
     spacings = [round(s * 1024 / size, 6) for s in (0.143, 0.139, 0.168)]
 
@@ -166,7 +167,7 @@ def split_by_patient(records: Sequence[nih.ImageRecord], seed: int = 0,
     for r in records:
         by_patient.setdefault(r.patient_id, []).append(r.image_index)
     patients = sorted(by_patient)
-    order = _stream(seed, 6, 0).permutation(len(patients))
+    order = rng_stream(seed, 6, 0).permutation(len(patients))
     target = round(test_fraction * len(records))
     test_p: set[int] = set()
     count = 0

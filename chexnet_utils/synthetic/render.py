@@ -8,7 +8,6 @@ upscaled. :func:`encode_png` writes the result as a greyscale PNG atomically.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,10 +15,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from chexnet_utils.atomic import atomic_path
 from chexnet_utils.checks import require_at_least
 from chexnet_utils.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES, parse_finding_labels
-from chexnet_utils.synthetic.anatomy import _Canvas, _draw_anatomy, _draw_shot, _render_base, _Shot
-from chexnet_utils.synthetic.findings import _POST, _POST_ORDER, _PRE
+from chexnet_utils.synthetic.anatomy import Canvas, Shot, draw_anatomy, draw_shot, render_base
+from chexnet_utils.synthetic.findings import POST_ORDER, POST_SIGNS, PRE_SIGNS
 
 _RENDER_MAX = 512
 """Images larger than this are rendered at this side and upscaled (X-rays are smooth)."""
@@ -28,7 +28,7 @@ _LUT_STEPS = 4  # attenuation units are quantised to 1/4 for the tone-curve look
 _LUT_MAX = 400.0
 
 
-def _tone_lut(shot: _Shot) -> np.ndarray:
+def _tone_lut(shot: Shot) -> np.ndarray:
     """Attenuation (quantised to 1/_LUT_STEPS) -> 8-bit grey: exposure, knee, gamma."""
     a = np.arange(int(_LUT_MAX * _LUT_STEPS), dtype=np.float64) / _LUT_STEPS
     z = np.maximum(a * shot.gain + shot.offset, 0.0)
@@ -79,12 +79,12 @@ def render_image(
     present = _as_present(labels)
     rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     if patient_rng is None:
-        an = _draw_anatomy(rng)
+        an = draw_anatomy(rng)
     else:
         prng = (patient_rng if isinstance(patient_rng, np.random.Generator)
                 else np.random.default_rng(patient_rng))
-        an = _draw_anatomy(prng)
-    shot = _draw_shot(rng)
+        an = draw_anatomy(prng)
+    shot = draw_shot(rng)
     sign_seeds = [int(s) for s in rng.integers(0, 2**63, size=NUM_CLASSES)]
     if view.upper() == "AP":
         an = replace(an, ha=an.ha * 1.07, hb=an.hb * 1.05, dome_r=an.dome_r - 0.03,
@@ -92,17 +92,17 @@ def render_image(
     shift = shot.breath
     an = replace(an, dome_r=an.dome_r + shift, dome_l=an.dome_l + shift)
     for k, name in enumerate(PATHOLOGIES):
-        if present[k] and name in _PRE:
-            an = _PRE[name](an, np.random.default_rng(sign_seeds[k]))
+        if present[k] and name in PRE_SIGNS:
+            an = PRE_SIGNS[name](an, np.random.default_rng(sign_seeds[k]))
 
     w = min(size, _RENDER_MAX)
-    c = _Canvas(w, shot.dx, shot.dy)
-    _render_base(c, an, shot)
+    c = Canvas(w, shot.dx, shot.dy)
+    render_base(c, an, shot)
     index = {p: i for i, p in enumerate(PATHOLOGIES)}
-    for name in _POST_ORDER:
+    for name in POST_ORDER:
         k = index[name]
         if present[k]:
-            _POST[name](c, an, np.random.default_rng(sign_seeds[k]))
+            POST_SIGNS[name](c, an, np.random.default_rng(sign_seeds[k]))
 
     noise_rng = np.random.default_rng(shot.seeds[2])
     A = c.A
@@ -124,20 +124,14 @@ def encode_png(img: np.ndarray, path: Path | str, compress_level: int = 3) -> in
     """Write ``img`` (uint8 HxW) as an 8-bit greyscale PNG atomically; return its size in bytes.
 
     The data go to a temporary name next to ``path`` (which the ``*.png`` globs of
-    :func:`nih.find_images` do not match) and are moved into place with ``os.replace``, so an
-    interrupted run never leaves a truncated PNG behind.
+    :func:`nih.find_images` do not match) and are moved into place with ``os.replace``
+    (:func:`~chexnet_utils.atomic.atomic_path`), so an interrupted run never leaves a
+    truncated PNG behind.
     """
     img = np.asarray(img)
     if img.dtype != np.uint8 or img.ndim != 2:
         raise ValueError(f"expected a 2-D uint8 image, got {img.dtype} {img.shape}")
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            Image.fromarray(img).save(f, format="PNG", compress_level=compress_level)
-            nbytes = f.tell()
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        Image.fromarray(img).save(f, format="PNG", compress_level=compress_level)
+        nbytes = f.tell()
     return nbytes

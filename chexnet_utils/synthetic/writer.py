@@ -21,10 +21,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from chexnet_utils import nih
-from chexnet_utils.atomic import write_text_atomic
+from chexnet_utils.atomic import atomic_path, write_text_atomic
 from chexnet_utils.checks import require_at_least
+from chexnet_utils.devices import usable_cores
 from chexnet_utils.processes import worker_init
-from chexnet_utils.synthetic.patients import _stream, sample_records, split_by_patient
+from chexnet_utils.synthetic.patients import rng_stream, sample_records, split_by_patient
 from chexnet_utils.synthetic.render import encode_png, render_image
 
 GENERATOR_VERSION = 1
@@ -37,11 +38,11 @@ _NAME_RE = re.compile(r"\d{8}_\d{3}\.png")
 
 
 def _image_rng(seed: int, index: int) -> np.random.Generator:
-    return _stream(seed, 0, index)
+    return rng_stream(seed, 0, index)
 
 
 def _patient_rng(seed: int, patient_id: int) -> np.random.Generator:
-    return _stream(seed, 1, patient_id)
+    return rng_stream(seed, 1, patient_id)
 
 
 def _folder(index: int, per_folder: int) -> str:
@@ -123,8 +124,9 @@ def generate_dataset(
     """Write a synthetic ChestX-ray14 of ``n`` images of ``size`` px into ``out_dir``.
 
     The layout is NIH's (see the module docstring); :meth:`nih.NIHDataset.load` reads it.
-    Images are rendered by ``workers`` processes (default ``os.cpu_count()``; 1 renders in
-    this process) with a tqdm progress bar; the output is byte-identical whatever ``workers``.
+    Images are rendered by ``workers`` processes (default: the cores this process may use,
+    :func:`~chexnet_utils.devices.usable_cores`; 1 renders in this process) with a tqdm
+    progress bar; the output is byte-identical whatever ``workers``.
 
     ``out_dir`` may be missing, empty (hidden files such as ``.gitkeep`` do not count), or a
     previous output of this function (it has a ``SYNTHETIC.json``): then its images, CSV and
@@ -183,7 +185,7 @@ def generate_dataset(
               str(targets[r.image_index]), compress_level)
              for i, r in enumerate(records)
              if not (keep_existing and targets[r.image_index].is_file())]
-    workers = (os.cpu_count() or 1) if workers is None else max(1, int(workers))
+    workers = usable_cores() if workers is None else max(1, int(workers))
     workers = min(workers, max(1, len(tasks)))
 
     bar = tqdm(total=len(tasks), desc=f"synthetic {size}px", unit="img", disable=not progress)
@@ -202,8 +204,8 @@ def generate_dataset(
         bar.close()
 
     png_bytes = sum(p.stat().st_size for p in targets.values())
-    nih.write_data_entry(root / f".{nih.CSV_NAME}.tmp", records)
-    os.replace(root / f".{nih.CSV_NAME}.tmp", root / nih.CSV_NAME)
+    with atomic_path(root / nih.CSV_NAME, tmp=root / f".{nih.CSV_NAME}.tmp") as tmp:
+        nih.write_data_entry(tmp, records)
     write_text_atomic(root / nih.TRAIN_VAL_LIST, "".join(f"{x}\n" for x in train_val))
     write_text_atomic(root / nih.TEST_LIST, "".join(f"{x}\n" for x in test))
     extra = {"images": n, "patients": len({r.patient_id for r in records}),

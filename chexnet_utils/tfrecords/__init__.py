@@ -3,7 +3,8 @@
 Modules, one concern each (every public name is re-exported here):
 
 - :mod:`~chexnet_utils.tfrecords.wire`: CRC-32C, TFRecord framing, ``tf.train.Example``
-  encoded and decoded by hand, :func:`parse_example` for ``tf.data``;
+  messages from the ``protobuf`` package (no TensorFlow), :func:`parse_example` for
+  ``tf.data``;
 - :mod:`~chexnet_utils.tfrecords.images`: validate, convert to 8-bit grey, resize, encode;
   :func:`decode_image`;
 - :mod:`~chexnet_utils.tfrecords.plan`: the shard plan (:func:`planned_shard_count`);
@@ -44,10 +45,11 @@ Decisions worth knowing
 -----------------------
 * **No TensorFlow in the converter.** ``import tensorflow`` costs seconds per process, so the
   worker processes write TFRecords with a small pure-Python writer (record = uint64 length,
-  masked CRC-32C of the length, data, masked CRC-32C of the data) and encode the Example
-  protobuf by hand (:func:`encode_example`). CRC-32C comes from the pinned ``google-crc32c``
-  package (C). TensorFlow is imported only by :func:`parse_example` / :func:`decode_image`
-  and the :data:`FEATURE_SPEC` constant.
+  masked CRC-32C of the length, data, masked CRC-32C of the data) and build the Example with
+  the ``protobuf`` package from TensorFlow's own ``example.proto`` schema
+  (:func:`encode_example`: the same bytes as ``tf.train.Example.SerializeToString``).
+  CRC-32C comes from the pinned ``google-crc32c`` package (C). TensorFlow is imported only by
+  :func:`parse_example` / :func:`decode_image` and the :data:`FEATURE_SPEC` constant.
 * **Deterministic.** Records keep CSV order within each split part
   (:meth:`NIHDataset.split`), go to shards in contiguous blocks, and the shard plan never
   depends on the number of workers, so two conversions with the same parameters give
@@ -91,12 +93,8 @@ from typing import Any
 
 from chexnet_utils.tfrecords.images import PNG_COMPRESS_LEVEL, decode_image, prepare_image, to_grey8
 from chexnet_utils.tfrecords.plan import (
-    _RECORD_OVERHEAD,
     DEFAULT_SHARD_MB,
     SHARD_MULTIPLE,
-    _estimated_bytes,
-    _Item,
-    _shard_counts,
     planned_shard_count,
     shard_name,
     shard_workers_note,

@@ -17,29 +17,31 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from chexnet_utils.atomic import write_json_atomic, write_text_atomic
+from chexnet_utils.atomic import atomic_path, fsync_dir, write_json_atomic, write_text_atomic
+from chexnet_utils.devices import usable_cores
 from chexnet_utils.labels import NUM_CLASSES, PATHOLOGIES
 from chexnet_utils.nih import NIHDataset
 from chexnet_utils.processes import worker_init
 from chexnet_utils.tfrecords.images import (
     PNG_COMPRESS_LEVEL,
-    _describe,
-    _open_checked,
+    describe_error,
+    open_checked,
     prepare_image,
     to_grey8,
 )
 from chexnet_utils.tfrecords.plan import (
     DEFAULT_SHARD_MB,
     SHARD_MULTIPLE,
-    _Item,
-    _plan_sha256,
-    _shard_counts,
+    ShardItem,
+    images_per_shard,
+    plan_sha256,
     shard_name,
     shard_workers_note,
 )
@@ -51,9 +53,9 @@ from chexnet_utils.tfrecords.verify import (
     SKIPPED_TXT,
     SPLITS,
     ConversionError,
-    _file_sha256,
-    _names_sha256,
+    file_sha256,
     load_manifest,
+    names_sha256,
 )
 from chexnet_utils.tfrecords.wire import CRC32C_IMPLEMENTATION, frame_record, make_example
 
@@ -78,7 +80,7 @@ def _scan_one(path: str | None, full: bool) -> dict[str, Any]:
         if full:
             with open(path, "rb") as f:
                 data = f.read()
-            im = _open_checked(data)
+            im = open_checked(data)
             to_grey8(im)
             width, height = im.size
         else:
@@ -87,7 +89,7 @@ def _scan_one(path: str | None, full: bool) -> dict[str, Any]:
     except FileNotFoundError:
         return {"ok": False, "reason": "missing: file disappeared"}
     except Exception as e:  # noqa: BLE001 - every decoder failure is a property of the file
-        return {"ok": False, "reason": _describe(e)}
+        return {"ok": False, "reason": describe_error(e)}
     return {"ok": True, "size": size, "width": width, "height": height}
 
 
@@ -107,19 +109,6 @@ def _init_worker(queue: Any, parent: int | None = None) -> None:
     global _PROGRESS
     worker_init(parent)  # default SIGTERM, and die with the parent (chexnet_utils.processes)
     _PROGRESS = queue
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _write_shard(task: dict[str, Any], progress: Callable[[int], None] | None = None
@@ -142,42 +131,34 @@ def _write_shard(task: dict[str, Any], progress: Callable[[int], None] | None = 
 
         def report(n: int) -> None:
             queue.put((file, n))
-    try:
-        with open(tmp, "wb") as f:
-            for name, path, label, patient_id, source_size in task["items"]:
-                try:
-                    with open(path, "rb") as src:
-                        data = src.read()
-                except OSError as e:
-                    raise ConversionError(path, f"cannot read: {e}") from None
-                if task["validated"] and len(data) != source_size:
-                    raise ConversionError(path, "file changed since it was validated")
-                try:
-                    stored, height, width, passed = prepare_image(
-                        data, task["image_size"], task["encoding"], task["jpeg_quality"],
-                        validated=task["validated"])
-                except Exception as e:  # noqa: BLE001 - a decoder failure names the file
-                    raise ConversionError(path, _describe(e)) from None
-                passthrough += passed
-                example = make_example(stored, task["encoding"], height, width, label, name,
-                                       patient_id)
-                chunk = frame_record(example)
-                digest.update(chunk)
-                f.write(chunk)
-                nbytes += len(chunk)
-                label_sums += np.asarray(label) >= 0.5
-                if report is not None:
-                    report(1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(out_dir)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
+    with atomic_path(final, tmp) as tmp_path, open(tmp_path, "wb") as f:
+        for name, path, label, patient_id, source_size in task["items"]:
+            try:
+                with open(path, "rb") as src:
+                    data = src.read()
+            except OSError as e:
+                raise ConversionError(path, f"cannot read: {e}") from None
+            if task["validated"] and len(data) != source_size:
+                raise ConversionError(path, "file changed since it was validated")
+            try:
+                stored, height, width, passed = prepare_image(
+                    data, task["image_size"], task["encoding"], task["jpeg_quality"],
+                    validated=task["validated"])
+            except Exception as e:  # noqa: BLE001 - a decoder failure names the file
+                raise ConversionError(path, describe_error(e)) from None
+            passthrough += passed
+            example = make_example(stored, task["encoding"], height, width, label, name,
+                                   patient_id)
+            chunk = frame_record(example)
+            digest.update(chunk)
+            f.write(chunk)
+            nbytes += len(chunk)
+            label_sums += np.asarray(label) >= 0.5
+            if report is not None:
+                report(1)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(out_dir)
     return {
         "file": task["file"],
         "sha256": digest.hexdigest(),
@@ -270,6 +251,7 @@ def _param_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def _progress_bar(progress: bool, total: int, desc: str) -> Any:
+    """A tqdm bar over ``total`` images (silent unless ``progress``)."""
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="img", disable=not progress, dynamic_ncols=True)
@@ -282,6 +264,7 @@ def _progress_bar(progress: bool, total: int, desc: str) -> Any:
 
 def _check_args(encoding: str, on_error: str, shard_size: int | None, shard_mb: float | None,
                 image_size: int | None, jpeg_quality: int) -> None:
+    """``ValueError`` for arguments :func:`convert_dataset` cannot work with."""
     if encoding not in ("png", "jpeg"):
         raise ValueError(f"encoding must be 'png' or 'jpeg', got {encoding!r}")
     if on_error not in ("fail", "skip"):
@@ -333,8 +316,8 @@ def _earlier_conversion(out: Path, params: dict[str, Any], overwrite: bool
     return old
 
 
-def _scan(items: list[_Item], executor: Any, bar: Any, on_error: str, data_dir: Path | str,
-          out: Path) -> tuple[list[_Item], list[dict[str, str]]]:
+def _scan(items: list[ShardItem], executor: Any, bar: Any, on_error: str, data_dir: Path | str,
+          out: Path) -> tuple[list[ShardItem], list[dict[str, str]]]:
     """Sizes for planning (with ``on_error="skip"`` a full validation); writes the skipped
     lists. Returns the good items and the skipped ones."""
     full = on_error == "skip"
@@ -347,7 +330,7 @@ def _scan(items: list[_Item], executor: Any, bar: Any, on_error: str, data_dir: 
         scans.extend(chunk_result)
         bar.update(len(chunk_result))
     skipped: list[dict[str, str]] = []
-    good: list[_Item] = []
+    good: list[ShardItem] = []
     for it, sc in zip(items, scans):
         if sc["ok"]:
             it.size, it.width, it.height = sc["size"], sc["width"], sc["height"]
@@ -366,7 +349,7 @@ def _scan(items: list[_Item], executor: Any, bar: Any, on_error: str, data_dir: 
     return good, skipped
 
 
-def _plan(good: list[_Item], skipped: list[dict[str, str]], out: Path, image_size: int | None,
+def _plan(good: list[ShardItem], skipped: list[dict[str, str]], out: Path, image_size: int | None,
           encoding: str, jpeg_quality: int, validated: bool, shard_size: int | None,
           shard_mb: float | None
           ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], dict[str, Any]]:
@@ -377,7 +360,7 @@ def _plan(good: list[_Item], skipped: list[dict[str, str]], out: Path, image_siz
     split_info: dict[str, Any] = {}
     for part in SPLITS:
         part_items = [it for it in good if it.split == part]
-        counts = _shard_counts(part_items, shard_size, shard_mb or DEFAULT_SHARD_MB, image_size)
+        counts = images_per_shard(part_items, shard_size, shard_mb or DEFAULT_SHARD_MB, image_size)
         sums = np.zeros(NUM_CLASSES, np.int64)
         start = 0
         for i, count in enumerate(counts):
@@ -389,8 +372,8 @@ def _plan(good: list[_Item], skipped: list[dict[str, str]], out: Path, image_siz
             shards.append({
                 "file": file, "split": part, "index": i, "num_shards": len(counts),
                 "count": count, "label_sums": [int(x) for x in lsum],
-                "names_sha256": _names_sha256(it.name for it in block),
-                "plan_sha256": _plan_sha256(block),
+                "names_sha256": names_sha256(it.name for it in block),
+                "plan_sha256": plan_sha256(block),
                 "first_name": block[0].name, "last_name": block[-1].name,
                 "done": False, "sha256": None, "bytes": None,
             })
@@ -418,7 +401,7 @@ def _reuse(out: Path, old: dict[str, Any] | None, shards: list[dict[str, Any]],
         if (prev and prev.get("plan_sha256") == s["plan_sha256"]
                 and prev.get("count") == s["count"] and path.is_file()
                 and path.stat().st_size == prev.get("bytes")
-                and _file_sha256(path) == prev.get("sha256")):
+                and file_sha256(path) == prev.get("sha256")):
             s.update(done=True, sha256=prev["sha256"], bytes=prev["bytes"])
             tasks.pop(s["file"])
             reused += 1
@@ -479,6 +462,128 @@ def _write(tasks: dict[str, dict[str, Any]], executor: Any, queue: Any, bar: Any
     if error is not None:
         raise error
 
+def _params(data_dir: Path | str, image_size: int | None, encoding: str, jpeg_quality: int,
+            shard_size: int | None, shard_mb: float | None, val_fraction: float,
+            seed: int) -> dict[str, Any]:
+    """The parameters the manifest records: a resumed run must have the same."""
+    return {
+        "data_dir": str(Path(data_dir).resolve()),
+        "image_size": image_size,
+        "encoding": encoding,
+        "jpeg_quality": jpeg_quality if encoding == "jpeg" else None,
+        "shard_size": shard_size,
+        "shard_mb": None if shard_size is not None else float(shard_mb),  # type: ignore[arg-type]
+        # The size-based plan's rounding (see planned_shard_count). Absent (None) in manifests
+        # of older versions, whose size-based plans did not round: such a folder is refused
+        # by _earlier_conversion with a hint, rather than silently re-planned and rewritten.
+        "shard_multiple": None if shard_size is not None else SHARD_MULTIPLE,
+        "val_fraction": val_fraction,
+        "seed": seed,
+        "png_compress_level": PNG_COMPRESS_LEVEL,
+    }
+
+
+def _items(ds: NIHDataset, val_fraction: float, seed: int) -> list[ShardItem]:
+    """Every image of the split (train, val, test in order), with its path (``None`` when
+    the file is missing), labels and patient."""
+    items: list[ShardItem] = []
+    for part, records in ds.split(val_fraction=val_fraction, seed=seed).parts().items():
+        for r in records:
+            p = ds.image_paths.get(r.image_index)
+            items.append(ShardItem(r.image_index, part, None if p is None else str(p),
+                                   tuple(float(x) for x in r.labels), r.patient_id))
+    return items
+
+
+def _start_workers(workers: int) -> tuple[Any, Any]:
+    """``(executor, progress queue)`` of ``workers`` spawned processes, or ``(None, None)``
+    for one worker (everything runs in this process)."""
+    if workers <= 1:
+        return None, None
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = mp.get_context("spawn")  # no fork of a parent that may hold TF threads
+    queue = ctx.Queue()
+    try:
+        executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                       initializer=_init_worker, initargs=(queue, os.getpid()))
+    except BaseException:
+        _close_queue(queue)
+        raise
+    return executor, queue
+
+
+def _terminate_workers(executor: Any) -> None:
+    """Stop the worker processes now rather than after their running shards (on Ctrl-C);
+    finished shards stay in the manifest."""
+    if executor is not None:
+        for proc in list((getattr(executor, "_processes", None) or {}).values()):
+            proc.terminate()
+
+
+def _close_queue(queue: Any) -> None:
+    """Close the progress queue and wait for its feeder thread."""
+    if queue is not None:
+        queue.close()
+        queue.join_thread()
+
+
+def _clean_up(out: Path, bar: Any, executor: Any, queue: Any) -> None:
+    """Whatever happened: close the bar, shut the workers down, close the queue and remove
+    this run's temporary files."""
+    bar.close()
+    if executor is not None:
+        executor.shutdown(wait=True, cancel_futures=True)
+    _close_queue(queue)
+    try:
+        _remove_ours(out, tmp_only=True)
+    except OSError:
+        pass
+
+
+def _start_manifest(out: Path, params: dict[str, Any], on_error: str, good: list[ShardItem],
+                    skipped: list[dict[str, str]], split_info: dict[str, Any],
+                    shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest of the plan, not yet complete (reused shards already ``done``), written
+    before any shard so that an interrupted run can resume."""
+    manifest: dict[str, Any] = {
+        "format": FORMAT, "version": FORMAT_VERSION, "params": params,
+        "on_error": on_error, "classes": list(PATHOLOGIES),
+        "crc32c": CRC32C_IMPLEMENTATION, "complete": False,
+        "num_images": len(good), "num_skipped": len(skipped), "splits": split_info,
+        "shards": shards,
+    }
+    _write_json_atomic(out / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def _record_shard(out: Path, manifest: dict[str, Any], by_file: dict[str, dict[str, Any]],
+                  entry: dict[str, Any]) -> None:
+    """A shard is written: check it against the plan, mark it done in ``manifest`` (whose
+    shard entries ``by_file`` indexes) and rewrite the manifest."""
+    s = by_file[entry["file"]]
+    if entry["count"] != s["count"] or entry["label_sums"] != s["label_sums"]:
+        raise ConversionError(out / entry["file"], "written shard does not match plan")
+    s.update(done=True, sha256=entry["sha256"], bytes=entry["bytes"])
+    _write_json_atomic(out / MANIFEST_NAME, manifest)
+
+
+def _write_all(out: Path, manifest: dict[str, Any], tasks: dict[str, dict[str, Any]],
+               executor: Any, queue: Any, bar: Any, reused_images: int) -> tuple[int, float]:
+    """Write the shards still to do (:func:`_write`), the bar counting on from the reused
+    images, each finished shard recorded in the manifest (:func:`_record_shard`). Returns
+    (images written, seconds)."""
+    bar.set_description("converting")
+    bar.reset(total=manifest["num_images"])
+    bar.update(reused_images)
+    t0 = time.perf_counter()
+    written_images = sum(len(t["items"]) for t in tasks.values())
+    by_file = {s["file"]: s for s in manifest["shards"]}
+    _write(tasks, executor, queue, bar, partial(_record_shard, out, manifest, by_file))
+    return written_images, time.perf_counter() - t0
+
+
 def _finalize(out: Path, manifest: dict[str, Any], *, elapsed: float, convert_s: float,
               written_images: int, written_shards: int, reused: int, workers: int) -> None:
     """Mark the manifest complete, add the run's statistics and write it."""
@@ -521,10 +626,11 @@ def convert_dataset(
       rounding (use it to choose the count yourself, e.g. fewer, bigger shards).
 
     ``ConversionResult.summary()`` prints the count per split and the worker counts it
-    divides. ``workers`` processes convert one shard per task (default: all cores; 1 converts
-    in this process); the shard plan never depends on it. See :mod:`chexnet_utils.tfrecords`
-    for the error policy, determinism and resuming. Steps: :func:`_earlier_conversion`
-    (resume, refuse or wipe), :func:`_scan`, :func:`_plan`, :func:`_reuse`, :func:`_write`,
+    divides. ``workers`` processes convert one shard per task (default: the cores this
+    process may use; 1 converts in this process); the shard plan never depends on it. See
+    :mod:`chexnet_utils.tfrecords` for the error policy, determinism and resuming. Steps:
+    :func:`_earlier_conversion` (resume, refuse or wipe), :func:`_items`, :func:`_scan`,
+    :func:`_plan`, :func:`_reuse`, :func:`_start_manifest`, :func:`_write_all`,
     :func:`_finalize`. Raises :class:`ConversionError` (bad image under
     ``on_error="fail"``, conflicting earlier conversion, including one made with an older
     version's shard plan) or :class:`chexnet_utils.nih.DataFormatError` (bad CSV or split
@@ -534,103 +640,36 @@ def convert_dataset(
     _check_args(encoding, on_error, shard_size, shard_mb, image_size, jpeg_quality)
     if shard_size is None and shard_mb is None:
         shard_mb = DEFAULT_SHARD_MB
-    workers = max(1, int(workers or os.cpu_count() or 1))
-
+    workers = max(1, int(workers or usable_cores()))
     ds = NIHDataset.load(data_dir)
-    split = ds.split(val_fraction=val_fraction, seed=seed)
+    items = _items(ds, val_fraction, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    params = {
-        "data_dir": str(Path(data_dir).resolve()),
-        "image_size": image_size,
-        "encoding": encoding,
-        "jpeg_quality": jpeg_quality if encoding == "jpeg" else None,
-        "shard_size": shard_size,
-        "shard_mb": None if shard_size is not None else float(shard_mb),  # type: ignore[arg-type]
-        # The size-based plan's rounding (see planned_shard_count). Absent (None) in manifests
-        # of older versions, whose size-based plans did not round: such a folder is refused
-        # by _earlier_conversion with a hint, rather than silently re-planned and rewritten.
-        "shard_multiple": None if shard_size is not None else SHARD_MULTIPLE,
-        "val_fraction": val_fraction,
-        "seed": seed,
-        "png_compress_level": PNG_COMPRESS_LEVEL,
-    }
+    params = _params(data_dir, image_size, encoding, jpeg_quality, shard_size, shard_mb,
+                     val_fraction, seed)
     old = _earlier_conversion(out, params, overwrite)
-
-    items: list[_Item] = []
-    for part, records in split.parts().items():
-        for r in records:
-            p = ds.image_paths.get(r.image_index)
-            items.append(_Item(r.image_index, part, None if p is None else str(p),
-                               tuple(float(x) for x in r.labels), r.patient_id))
-
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
 
     full = on_error == "skip"
     bar = _progress_bar(progress, len(items), "validating" if full else "scanning")
-    executor = None
-    queue = None
+    executor = queue = None
     try:
-        if workers > 1:
-            ctx = mp.get_context("spawn")  # no fork of a parent that may hold TF threads
-            queue = ctx.Queue()
-            executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                           initializer=_init_worker, initargs=(queue, os.getpid()))
-
-        # 1. scan, 2. plan, 3. keep what an interrupted run finished, 4. write, 5. finalize
+        executor, queue = _start_workers(workers)
         good, skipped = _scan(items, executor, bar, on_error, data_dir, out)
         shards, tasks, split_info = _plan(good, skipped, out, image_size, encoding,
                                           jpeg_quality, full, shard_size, shard_mb)
         reused, reused_images = _reuse(out, old, shards, tasks)
-
-        manifest: dict[str, Any] = {
-            "format": FORMAT, "version": FORMAT_VERSION, "params": params,
-            "on_error": on_error, "classes": list(PATHOLOGIES),
-            "crc32c": CRC32C_IMPLEMENTATION, "complete": False,
-            "num_images": len(good), "num_skipped": len(skipped), "splits": split_info,
-            "shards": shards,
-        }
-        by_file = {s["file"]: s for s in shards}
-
-        def finish(entry: dict[str, Any]) -> None:
-            s = by_file[entry["file"]]
-            if entry["count"] != s["count"] or entry["label_sums"] != s["label_sums"]:
-                raise ConversionError(out / entry["file"], "written shard does not match plan")
-            s.update(done=True, sha256=entry["sha256"], bytes=entry["bytes"])
-            _write_json_atomic(out / MANIFEST_NAME, manifest)
-
-        _write_json_atomic(out / MANIFEST_NAME, manifest)
-
-        bar.set_description("converting")
-        bar.reset(total=len(good))
-        bar.update(reused_images)
-        t_convert = time.perf_counter()
-        written_images = sum(len(t["items"]) for t in tasks.values())
-        _write(tasks, executor, queue, bar, finish)
-        convert_s = time.perf_counter() - t_convert
-
+        manifest = _start_manifest(out, params, on_error, good, skipped, split_info, shards)
+        written_images, convert_s = _write_all(out, manifest, tasks, executor, queue, bar,
+                                               reused_images)
         elapsed = time.perf_counter() - t_start
         _finalize(out, manifest, elapsed=elapsed, convert_s=convert_s,
                   written_images=written_images, written_shards=len(tasks), reused=reused,
                   workers=workers)
     except KeyboardInterrupt:
-        # Stop now rather than after the running shards; finished ones stay in the manifest.
-        if executor is not None:
-            for proc in list((getattr(executor, "_processes", None) or {}).values()):
-                proc.terminate()
+        _terminate_workers(executor)
         raise
     finally:
-        bar.close()
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
-        if queue is not None:
-            queue.close()
-            queue.join_thread()
-        try:
-            _remove_ours(out, tmp_only=True)
-        except OSError:
-            pass
+        _clean_up(out, bar, executor, queue)
 
     return ConversionResult(
         out_dir=out, manifest=manifest,

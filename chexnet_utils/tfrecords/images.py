@@ -27,7 +27,7 @@ def _is_grey8_png(data: bytes) -> bool:
             and data[24] == 8 and data[25] == 0)
 
 
-def _open_checked(data: bytes) -> Image.Image:
+def open_checked(data: bytes) -> Image.Image:
     """Open and fully decode; for PNG also check every chunk CRC and the IEND chunk."""
     im = Image.open(io.BytesIO(data))
     if im.format == "PNG":
@@ -76,9 +76,9 @@ def prepare_image(data: bytes, image_size: int | None, encoding: str, jpeg_quali
         width, height = struct.unpack(">II", data[16:24])
         if image_size is None or (width, height) == (image_size, image_size):
             if not validated:
-                _open_checked(data)
+                open_checked(data)
             return data, height, width, True
-    im = to_grey8(_open_checked(data))
+    im = to_grey8(open_checked(data))
     if image_size is not None and im.size != (image_size, image_size):
         shrink = image_size <= min(im.size)
         im = im.resize((image_size, image_size),
@@ -86,7 +86,8 @@ def prepare_image(data: bytes, image_size: int | None, encoding: str, jpeg_quali
     return _encode(im, encoding, jpeg_quality), im.size[1], im.size[0], False
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
+    """Why a source image could not be decoded, in words for the skipped-images report."""
     text = str(exc) or type(exc).__name__
     if isinstance(exc, Image.UnidentifiedImageError):
         return "unreadable: not an image PIL can identify (corrupt or not a PNG)"

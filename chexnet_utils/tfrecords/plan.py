@@ -28,7 +28,8 @@ SHARD_MULTIPLE = 8
 """Size-based plans give a split of >= 8 images a multiple of 8 shards (at least 8), so 1, 2,
 4 and 8 workers all get equal numbers of files; see :func:`planned_shard_count`."""
 _MB = 1_000_000
-_RECORD_OVERHEAD = 16 + 200  # TFRecord framing + the other Example fields, roughly
+RECORD_OVERHEAD = 16 + 200
+"""Bytes a record adds to its image, roughly: TFRecord framing + the other Example fields."""
 
 
 def shard_name(split: str, index: int, num_shards: int) -> str:
@@ -37,7 +38,9 @@ def shard_name(split: str, index: int, num_shards: int) -> str:
 
 
 @dataclass
-class _Item:
+class ShardItem:
+    """One image as the shard plan sees it (source path, labels, sizes)."""
+
     name: str
     split: str
     path: str | None
@@ -48,7 +51,7 @@ class _Item:
     height: int = 0
 
 
-def _plan_sha256(items: Sequence[_Item]) -> str:
+def plan_sha256(items: Sequence[ShardItem]) -> str:
     """Hash of what a shard should contain: names, labels, patient ids, source sizes."""
     h = hashlib.sha256()
     for it in items:
@@ -82,18 +85,18 @@ def planned_shard_count(n_images: int, estimated_bytes: float,
     return groups * SHARD_MULTIPLE
 
 
-def _estimated_bytes(items: Sequence[_Item], image_size: int | None) -> float:
+def estimate_bytes(items: Sequence[ShardItem], image_size: int | None) -> float:
     """Expected size of the split's shards: source bytes x resize area ratio + overhead."""
     total = 0.0
     for it in items:
         ratio = 1.0
         if image_size is not None and it.width and it.height:
             ratio = image_size * image_size / (it.width * it.height)
-        total += it.size * ratio + _RECORD_OVERHEAD
+        total += it.size * ratio + RECORD_OVERHEAD
     return total
 
 
-def _shard_counts(items: Sequence[_Item], shard_size: int | None, shard_mb: float,
+def images_per_shard(items: Sequence[ShardItem], shard_size: int | None, shard_mb: float,
                   image_size: int | None) -> list[int]:
     """How many images each shard of one split gets (contiguous blocks).
 
@@ -107,7 +110,7 @@ def _shard_counts(items: Sequence[_Item], shard_size: int | None, shard_mb: floa
     if shard_size is not None:
         full, rest = divmod(n, shard_size)
         return [shard_size] * full + ([rest] if rest else [])
-    k = planned_shard_count(n, _estimated_bytes(items, image_size), shard_mb)
+    k = planned_shard_count(n, estimate_bytes(items, image_size), shard_mb)
     q, r = divmod(n, k)
     return [q + 1] * r + [q] * (k - r)
 

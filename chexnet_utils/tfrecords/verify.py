@@ -62,11 +62,13 @@ class ConversionError(RuntimeError):
         return (self.__class__, (self.path, self.reason))
 
 
-def _names_sha256(names: Iterable[str]) -> str:
+def names_sha256(names: Iterable[str]) -> str:
+    """SHA-256 of the image names of a shard, one per line (in the manifest)."""
     return hashlib.sha256("\n".join(names).encode("utf-8")).hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -184,7 +186,7 @@ def verify(tfrecords_dir: Path | str, data_dir: Path | str | None = None,
             problems.append(f"{s['file']}: missing shard file")
             continue
         report.shards_checked += 1
-        sha = _file_sha256(path)
+        sha = file_sha256(path)
         if s.get("sha256") and sha != s["sha256"]:
             problems.append(f"{s['file']}: sha256 {sha[:12]}... differs from the manifest's "
                             f"{s['sha256'][:12]}...")
@@ -218,7 +220,7 @@ def verify(tfrecords_dir: Path | str, data_dir: Path | str | None = None,
         if [int(x) for x in sums] != s["label_sums"]:
             problems.append(f"{s['file']}: label sums {[int(x) for x in sums]} differ from the "
                             f"manifest's {s['label_sums']}")
-        if _names_sha256(names) != s.get("names_sha256"):
+        if names_sha256(names) != s.get("names_sha256"):
             problems.append(f"{s['file']}: image names differ from the manifest's")
     for part, info in manifest.get("splits", {}).items():
         n_shards = sum(1 for s in shards if s["split"] == part)

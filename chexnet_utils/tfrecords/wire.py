@@ -1,12 +1,16 @@
-"""The TFRecord wire format: CRC-32C, record framing, and ``tf.train.Example`` encoded and
-decoded by hand.
+"""The TFRecord wire format: CRC-32C, record framing, and ``tf.train.Example`` as real
+protobuf messages, without TensorFlow.
 
-Why by hand: ``import tensorflow`` costs seconds per process, and the converter's worker
-processes only need to write bytes. A record is a uint64 length, the masked CRC-32C of the
-length, the data and the masked CRC-32C of the data; the Example protobuf is written field by
-field (:func:`encode_example`), wire-compatible with ``example.proto`` (the tests parse it with
-``tf.train.Example`` and read the files with ``tf.data.TFRecordDataset``). CRC-32C comes from
-the pinned ``google-crc32c`` package (C). TensorFlow is imported only by
+Why no TensorFlow: ``import tensorflow`` costs seconds and hundreds of MB per process, and
+the converter's worker processes only need to write bytes. A record is a uint64 length, the
+masked CRC-32C of the length, the data and the masked CRC-32C of the data (CRC-32C from the
+pinned ``google-crc32c`` package, C). The Example itself is written and read by the
+``protobuf`` package (a TensorFlow dependency, cheap to import): :data:`Example`,
+:data:`Features`, :data:`Feature`, :data:`BytesList`, :data:`FloatList` and :data:`Int64List`
+are the messages of TensorFlow's ``example.proto`` / ``feature.proto``, built from a
+descriptor in a pool of this module's own, so ``Example(...).SerializeToString(
+deterministic=True)`` gives the bytes ``tf.train.Example`` gives (the tests check that, and
+read the files with ``tf.data.TFRecordDataset``). TensorFlow is imported only by
 :func:`parse_example` and :func:`feature_spec` (and the lazy ``FEATURE_SPEC`` constant).
 """
 
@@ -20,11 +24,21 @@ from typing import Any
 
 import google_crc32c  # type: ignore[import-not-found]
 import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.internal import api_implementation
+from google.protobuf.message import DecodeError
 
 from chexnet_utils.labels import NUM_CLASSES
 
 __all__ = [
     "CRC32C_IMPLEMENTATION",
+    "PROTOBUF_IMPLEMENTATION",
+    "BytesList",
+    "Example",
+    "Feature",
+    "Features",
+    "FloatList",
+    "Int64List",
     "crc32c",
     "decode_example",
     "encode_example",
@@ -106,54 +120,77 @@ def read_records(path: Path | str, check_crc: bool = True) -> Iterator[bytes]:
 
 
 # --------------------------------------------------------------------------------------------
-# tf.train.Example, encoded and decoded by hand (wire-compatible with example.proto)
+# tf.train.Example: the real protobuf messages, without TensorFlow
 # --------------------------------------------------------------------------------------------
 
-def _varint(n: int) -> bytes:
-    n &= 0xFFFFFFFFFFFFFFFF  # int64 two's complement, as protobuf writes negative int64
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+def _example_messages() -> dict[str, Any]:
+    """The message classes of TensorFlow's ``example.proto`` + ``feature.proto`` (package
+    ``tensorflow``), from a descriptor written out here, in a pool of our own, so they never
+    clash with TensorFlow's ``tensorflow.Example`` in the default pool."""
+    F = descriptor_pb2.FieldDescriptorProto
+    opt, rep, msg = F.LABEL_OPTIONAL, F.LABEL_REPEATED, F.TYPE_MESSAGE
+    file = descriptor_pb2.FileDescriptorProto(
+        name="chexnet_utils/tfrecords/example.proto", package="tensorflow", syntax="proto3")
+    kinds = (("bytes", F.TYPE_BYTES), ("float", F.TYPE_FLOAT), ("int64", F.TYPE_INT64))
+    for kind, ftype in kinds:  # message BytesList { repeated bytes value = 1; } ...
+        value = file.message_type.add(name=f"{kind.capitalize()}List").field.add(
+            name="value", number=1, type=ftype, label=rep)
+        if ftype != F.TYPE_BYTES:
+            value.options.packed = True
+    feature = file.message_type.add(name="Feature")  # oneof kind { BytesList bytes_list = 1; ...
+    feature.oneof_decl.add(name="kind")
+    for number, (kind, _) in enumerate(kinds, 1):
+        feature.field.add(name=f"{kind}_list", number=number, type=msg, label=opt,
+                          type_name=f".tensorflow.{kind.capitalize()}List", oneof_index=0)
+    features = file.message_type.add(name="Features")  # map<string, Feature> feature = 1;
+    features.field.add(name="feature", number=1, type=msg, label=rep,
+                       type_name=".tensorflow.Features.FeatureEntry")
+    entry = features.nested_type.add(name="FeatureEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=opt)
+    entry.field.add(name="value", number=2, type=msg, label=opt, type_name=".tensorflow.Feature")
+    file.message_type.add(name="Example").field.add(  # Features features = 1;
+        name="features", number=1, type=msg, label=opt, type_name=".tensorflow.Features")
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    get_class = getattr(message_factory, "GetMessageClass", None)  # older: GetPrototype
+    if get_class is None:
+        get_class = message_factory.MessageFactory(pool).GetPrototype
+    names = ("Example", "Features", "Feature", "BytesList", "FloatList", "Int64List")
+    return {n: get_class(pool.FindMessageTypeByName(f"tensorflow.{n}")) for n in names}
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field (wire type 2)."""
-    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
-
-
-def _bytes_feature(values: Sequence[bytes]) -> bytes:
-    return _field(1, b"".join(_field(1, v) for v in values))      # Feature.bytes_list
-
-
-def _float_feature(values: Sequence[float]) -> bytes:
-    packed = struct.pack(f"<{len(values)}f", *values)
-    return _field(2, _field(1, packed) if values else b"")        # Feature.float_list
-
-
-def _int64_feature(values: Sequence[int]) -> bytes:
-    packed = b"".join(_varint(int(v)) for v in values)
-    return _field(3, _field(1, packed) if values else b"")        # Feature.int64_list
+_MESSAGES = _example_messages()
+Example = _MESSAGES["Example"]
+"""``tf.train.Example`` without TensorFlow (same fields, same bytes)."""
+Features, Feature = _MESSAGES["Features"], _MESSAGES["Feature"]
+BytesList, FloatList, Int64List = (_MESSAGES["BytesList"], _MESSAGES["FloatList"],
+                                   _MESSAGES["Int64List"])
+PROTOBUF_IMPLEMENTATION = api_implementation.Type()
+"""The ``protobuf`` backend behind the messages (``upb``, ``cpp`` or ``python``)."""
 
 
 def encode_example(features: dict[str, tuple[str, Sequence[Any]]]) -> bytes:
     """Serialize a ``tf.train.Example``: ``{key: ("bytes"|"float"|"int64", values)}``.
 
-    Keys are written in sorted order, so equal inputs give equal bytes.
+    Deterministic serialization (map keys sorted), so equal inputs give equal bytes.
     """
-    enc = {"bytes": _bytes_feature, "float": _float_feature, "int64": _int64_feature}
-    entries = []
-    for key in sorted(features):
-        kind, values = features[key]
-        entries.append(_field(1, _field(1, key.encode("utf-8")) + _field(2, enc[kind](values))))
-    return _field(1, b"".join(entries))                               # Example.features
+    example = Example()
+    feature_map = example.features.feature
+    for key, (kind, values) in features.items():
+        if kind not in ("bytes", "float", "int64"):
+            raise ValueError(f"feature {key!r}: unknown kind {kind!r}")
+        lst = getattr(feature_map[key], f"{kind}_list")
+        lst.SetInParent()  # an empty list is still this kind
+        lst.value.extend(values)
+    return example.SerializeToString(deterministic=True)
 
 
 def make_example(image: bytes, image_format: str, height: int, width: int,
                  label: Sequence[float], name: str, patient_id: int) -> bytes:
-    """The Example this module stores for one image (see :mod:`chexnet_utils.tfrecords`)."""
+    """The Example this module stores for one image (see :mod:`chexnet_utils.tfrecords`):
+    what ``tf.train.Example(...).SerializeToString(deterministic=True)`` gives."""
     if len(label) != NUM_CLASSES:
         raise ValueError(f"label must have {NUM_CLASSES} values, got {len(label)}")
     return encode_example({
@@ -167,80 +204,21 @@ def make_example(image: bytes, image_format: str, height: int, width: int,
     })
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ValueError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
-def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, value) for each field of a message; value is bytes for
-    wire type 2, int for 0, raw 4/8 bytes for 5/1."""
-    pos, end = 0, len(buf)
-    while pos < end:
-        key, pos = _read_varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _read_varint(buf, pos)
-        elif wire == 2:
-            length, pos = _read_varint(buf, pos)
-            if pos + length > end:
-                raise ValueError("truncated length-delimited field")
-            value, pos = buf[pos:pos + length], pos + length
-        elif wire == 5:
-            value, pos = buf[pos:pos + 4], pos + 4
-        elif wire == 1:
-            value, pos = buf[pos:pos + 8], pos + 8
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-        yield number, wire, value
-
-
-def _signed64(n: int) -> int:
-    return n - (1 << 64) if n >= 1 << 63 else n
-
-
 def decode_example(data: bytes) -> dict[str, list[Any]]:
-    """Parse a serialized ``tf.train.Example`` without TensorFlow: ``{key: [values]}``."""
+    """Parse a serialized ``tf.train.Example`` without TensorFlow: ``{key: [values]}``.
+
+    Raises :class:`ValueError` (from protobuf's ``DecodeError``) on malformed bytes.
+    """
+    try:
+        example = Example.FromString(data)
+    except DecodeError as e:
+        raise ValueError(f"not a serialized tf.train.Example ({len(data)} bytes): {e}") from e
     out: dict[str, list[Any]] = {}
-    for number, wire, features in _fields(data):
-        if number != 1 or wire != 2:
-            continue
-        for fnum, fwire, entry in _fields(features):
-            if fnum != 1 or fwire != 2:
-                continue
-            key, feature = "", b""
-            for enum, _, value in _fields(entry):
-                if enum == 1:
-                    key = bytes(value).decode("utf-8")
-                elif enum == 2:
-                    feature = value
-            values: list[Any] = []
-            for kind, _, lst in _fields(feature):
-                for vnum, vwire, v in _fields(lst):
-                    if vnum != 1:
-                        continue
-                    if kind == 1:
-                        values.append(bytes(v))
-                    elif kind == 2:
-                        values.extend(struct.unpack(f"<{len(v) // 4}f", v))
-                    elif kind == 3 and vwire == 2:
-                        pos = 0
-                        while pos < len(v):
-                            n, pos = _read_varint(v, pos)
-                            values.append(_signed64(n))
-                    elif kind == 3:
-                        values.append(_signed64(v))
-            out[key] = values
+    feature_map = example.features.feature
+    for key in sorted(feature_map):  # sorted, as deterministic serialization writes them
+        feature = feature_map[key]
+        kind = feature.WhichOneof("kind")
+        out[key] = list(getattr(feature, kind).value) if kind else []
     return out
 
 

@@ -17,15 +17,37 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 RECORD = textwrap.dedent("""
+    import os
     import time
     import horovod.tensorflow as hvd
     import tensorflow as tf
+    from chexnet_utils.hvd_timeline import parse_timeline
+
+    def broadcast_on_disk():
+        try:
+            events = parse_timeline(os.environ["HOROVOD_TIMELINE"])
+        except OSError:
+            return False
+        return any(e.phase == "BROADCAST" and e.complete for e in events)
+
     hvd.init()
     for i in range(4):
         hvd.allreduce(tf.ones([1000 * (i + 1)]), op=hvd.Average).numpy()
     hvd.broadcast(tf.ones([10]), root_rank=0).numpy()
     hvd.allreduce(tf.ones([7]), op=hvd.Sum).numpy()  # may be lost: see below
-    time.sleep(0.5)  # let rank 0's writer thread drain its queue
+    # Handshake instead of a sleep: rank 0's writer thread writes the queued records in
+    # order but flushes only with a new tensor's header, and hvd.shutdown() drops what it
+    # has not written. A new tensor makes it flush; rank 0 then waits until the broadcast
+    # (and so everything before it) is in the file, while the other ranks wait for it in
+    # the second allreduce.
+    hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="timeline_flush").numpy()
+    if hvd.rank() == 0:
+        deadline = time.monotonic() + 60
+        while not broadcast_on_disk():
+            if time.monotonic() > deadline:
+                raise SystemExit("the broadcast never reached the timeline file")
+            time.sleep(0.05)
+    hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="timeline_checked").numpy()
     hvd.shutdown()
 """)
 

@@ -25,3 +25,76 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
         write_text_atomic(target, "new", tmp=tmp_path / "manifest.json.tmp-1")
     assert target.read_text() == "old"
     assert sorted(os.listdir(tmp_path)) == ["manifest.json"]
+
+
+def test_atomic_path_renames_on_success_and_removes_on_error(tmp_path):
+    from chexnet_utils.atomic import atomic_path, default_tmp
+
+    target = tmp_path / "image.png"
+    target.write_bytes(b"old")
+    with atomic_path(target) as tmp:
+        assert tmp == default_tmp(target) and tmp.parent == tmp_path
+        assert tmp.name.startswith(".") and not tmp.name.endswith(".png")
+        tmp.write_bytes(b"new")
+        assert target.read_bytes() == b"old"  # nothing visible before the block ends
+    assert target.read_bytes() == b"new"
+    assert os.listdir(tmp_path) == ["image.png"]
+
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(target, tmp=tmp_path / "x.tmp.keras") as tmp:
+            tmp.write_bytes(b"half")
+            raise KeyboardInterrupt
+    assert target.read_bytes() == b"new"
+    assert os.listdir(tmp_path) == ["image.png"]
+
+
+def test_write_bytes_atomic(tmp_path):
+    from chexnet_utils.atomic import write_bytes_atomic
+
+    target = tmp_path / "shard.bin"
+    write_bytes_atomic(target, b"\x00\x01")
+    assert target.read_bytes() == b"\x00\x01"
+    write_bytes_atomic(target, bytearray(b"\x02"), fsync=False)
+    assert target.read_bytes() == b"\x02"
+    assert os.listdir(tmp_path) == ["shard.bin"]
+
+
+def test_fsync_dir_is_best_effort(tmp_path):
+    from chexnet_utils.atomic import fsync_dir
+
+    fsync_dir(tmp_path)
+    fsync_dir(tmp_path / "missing")  # no error
+
+
+def test_json_writes_are_strict(tmp_path):
+    import json
+    import math
+
+    import numpy as np
+
+    from chexnet_utils.atomic import json_safe, write_json_atomic
+
+    assert json_safe({"a": np.float32(1.5), "b": math.nan, "c": np.array([1, 2]),
+                      "d": np.bool_(True), "e": np.array(2.5), "f": (np.int64(3),)}) == {
+        "a": 1.5, "b": None, "c": [1, 2], "d": True, "e": 2.5, "f": [3]}
+    target = tmp_path / "r.json"
+    write_json_atomic(target, {"z": 1, "a": math.inf}, sort_keys=True)
+    text = target.read_text()
+    assert text.index('"a"') < text.index('"z"') and "Infinity" not in text
+    assert json.loads(text) == {"a": None, "z": 1}
+
+
+def test_results_record_writes_strict_json(monkeypatch, tmp_path):
+    import json
+    import math
+
+    import numpy as np
+
+    from chexnet_utils import results
+
+    monkeypatch.setenv("CHEXNET_WORK_DIR", str(tmp_path))
+    results.record("02", {"ratio": math.nan, "rate": np.float64(2.0), "ok": np.bool_(True)})
+    text = (tmp_path / "results.json").read_text()
+    assert "NaN" not in text
+    assert json.loads(text) == {"02": {"ratio": None, "rate": 2.0, "ok": True}}
+    assert os.listdir(tmp_path) == ["results.json"]

@@ -10,7 +10,9 @@ import pytest
 
 from chexnet_utils.bench_timing import (
     RunMean,
+    Window,
     alternating,
+    barrier_windows,
     batch_len,
     block,
     fed_run,
@@ -126,3 +128,36 @@ def test_one_step_config_from_a_config_a_dict_or_nothing() -> None:
     assert StepConfig.of(d).rank_cpus == ((0, 1), (2, 3))
     with pytest.raises(TypeError):
         StepConfig.of({"no_such_field": 1})
+
+
+def test_barrier_windows_warm_up_then_barrier_to_barrier() -> None:
+    log: list[str] = []
+
+    def step() -> int:
+        log.append("step")
+        return len(log)
+
+    finished: list[Any] = []
+    windows = barrier_windows(step, lambda: log.append("barrier"), steps=2, repeats=2,
+                              warmup_steps=1, finish=finished.append)
+    assert log == ["step"] + ["barrier", "step", "step", "barrier"] * 2
+    assert finished == [4, 8]  # the last step's result of each window
+    assert len(windows) == 2 and all(isinstance(w, Window) for w in windows)
+    assert all(w.seconds >= 0 and w.start > 0 for w in windows)
+    assert windows[0].start <= windows[1].start
+
+
+def test_barrier_windows_without_closing_barrier() -> None:
+    log: list[str] = []
+    windows = barrier_windows(lambda: log.append("call"), lambda: log.append("barrier"),
+                              repeats=3, warmup_steps=2, closing_barrier=False)
+    assert log == ["call", "call"] + ["barrier", "call"] * 3
+    assert len(windows) == 3
+    assert barrier_windows(lambda: None, lambda: None, repeats=0) == []
+
+
+def test_available_cores_is_the_one_implementation() -> None:
+    from chexnet_utils import benchmark, devices
+
+    assert benchmark.available_cores is devices.usable_cores  # an alias, not a second copy
+    assert devices.usable_cores() == len(devices.usable_cpus()) >= 1

@@ -37,3 +37,14 @@ def test_make_private_closes_the_folder_and_its_files(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(tmp_path / "security").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+
+
+@pytest.mark.parametrize("ip", ["0.0.0.0", "::", "*", ""])
+def test_controllers_refuse_to_listen_on_every_interface(ip: str) -> None:
+    from chexnet_utils.remote_engines import RemoteEngines
+
+    with pytest.raises(ValueError, match="every interface"):
+        MPICluster(n=1, controller_ip=ip)
+    with pytest.raises(ValueError, match="every interface"):
+        RemoteEngines(ip, n=1)
+    assert MPICluster(n=1, controller_ip="10.77.0.1").curve   # a named interface: encrypted

@@ -33,3 +33,51 @@ def test_record_merges_and_table(monkeypatch, tmp_path):
     table = results.format_table(data)
     assert "new_over_old" in table and "2.5" in table and "2.18.1" in table
     assert table.splitlines()[0].split() == ["notebook", "figure", "value"]
+
+
+def test_scale_fields_replace_the_notebooks_ci_branches():
+    """The values notebooks 05 and 06 used to pick with ``SCALE.name == "ci"``: the same at
+    ``ci`` (same CI run), the former non-ci values elsewhere."""
+    ci, others = config.SCALES["ci"], [config.SCALES["workstation"], config.SCALES["gpu-node"]]
+    assert (ci.comm_repeats, ci.comm_image_size, ci.comm_cycle_time_clusters, ci.feeding_shards) \
+        == (5, 64, False, 3)
+    for s in others:
+        assert (s.comm_repeats, s.comm_image_size, s.comm_cycle_time_clusters, s.feeding_shards) \
+            == (10, 128, True, 16)
+    for s in config.SCALES.values():   # literals of notebooks 02, 05 and 06, now fields
+        assert (s.comm_batch_size, s.comm_steps, s.comm_warmup_steps, s.comm_step_repeats) \
+            == (16, 10, 3, 3)
+        assert (s.bench_warmup, s.feeding_repeats, s.service_warmup) == (2, 1, 3)
+    assert {n: s.comm_max_mb for n, s in config.SCALES.items()} == {
+        "ci": 32, "workstation": 128, "gpu-node": 256}     # collectives' former table (MiB)
+
+
+def test_comm_max_mb_override(monkeypatch):
+    monkeypatch.setenv("CHEXNET_COMM_MAX_MB", "4")
+    assert config.scale("gpu-node").comm_max_mb == 4.0
+    monkeypatch.setenv("CHEXNET_COMM_MAX_MB", "0.5")
+    assert config.scale("ci").comm_max_mb == 0.5
+    for bad in ("0", "-1", "lots"):
+        monkeypatch.setenv("CHEXNET_COMM_MAX_MB", bad)
+        with pytest.raises(ValueError, match="CHEXNET_COMM_MAX_MB"):
+            config.scale("ci")
+
+
+def test_every_override_names_a_field_and_every_field_is_documented():
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    fields = {f.name for f in dataclasses.fields(config.Scale)}
+    assert {field for field, _ in config.OVERRIDES.values()} <= fields
+    source = Path(config.__file__).read_text(encoding="utf-8")
+    cls = next(n for n in ast.parse(source).body
+               if isinstance(n, ast.ClassDef) and n.name == "Scale")
+    documented = {a.target.id for a, doc in zip(cls.body, cls.body[1:])
+                  if isinstance(a, ast.AnnAssign) and isinstance(doc, ast.Expr)
+                  and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)}
+    assert fields - documented == set(), "document each Scale field (which notebooks read it)"
+    module_doc = ast.get_docstring(ast.parse(source))
+    assert all(var in module_doc for var in config.OVERRIDES), "list every override variable"
+    readme = (Path(config.__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert all(f"`{var}`" in readme for var in config.OVERRIDES), "README's settings table"

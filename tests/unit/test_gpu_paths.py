@@ -242,18 +242,36 @@ def test_nvml_status_without_a_gpu_says_so() -> None:
 
 
 def test_sampler_records_every_gpu_while_the_work_runs() -> None:
-    import time
+    import threading
 
-    nvml = FakeNvml(["Tesla V100", "Tesla V100"], [0, 90, 0, 90, 85])
-    result, samples = gpu_monitor.sample_during(lambda: time.sleep(0.25) or "done",
-                                                interval=0.02, nvml=nvml)
+    class CountingNvml(FakeNvml):
+        """Tells the workload when the sampler has read every GPU ``rounds`` times."""
+
+        def __init__(self, rounds: int) -> None:
+            super().__init__(["Tesla V100", "Tesla V100"], [0, 90, 0, 90, 85])
+            self.rounds, self.enough = rounds, threading.Event()
+
+        def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:  # noqa: N802
+            reading = super().nvmlDeviceGetUtilizationRates(h)
+            if self.calls >= self.rounds * len(self.names):
+                self.enough.set()
+            return reading
+
+    nvml = CountingNvml(rounds=5)
+
+    def work() -> str:  # runs until the sampler has taken 5 rounds, however busy the machine
+        assert nvml.enough.wait(timeout=60), "the sampler thread never took 5 rounds"
+        return "done"
+
+    # a fake clock: 0.01 s per reading so far, so the stamps do not depend on the machine
+    result, samples = gpu_monitor.sample_during(work, interval=0.001, nvml=nvml,
+                                                clock=lambda: 0.01 * nvml.calls)
     assert result == "done"
     assert {s.gpu for s in samples} == {0, 1}
     per_gpu = [s for s in samples if s.gpu == 0]
-    assert len(per_gpu) >= 5            # ~0.25 s at one reading per 0.02 s, plus first/last
-    times = [s.t for s in per_gpu]
-    assert times == sorted(times) and times[0] == pytest.approx(0, abs=0.05)
-    assert times[-1] >= 0.2
+    assert len(per_gpu) >= 6            # the first, 4+ from the thread, one last at stop
+    times = [s.t for s in per_gpu]      # one round of 2 readings = 0.02 s
+    assert times == pytest.approx([0.02 * k for k in range(len(times))])
     assert {s.mem_used_mib for s in samples if s.gpu == 1} == {2048.0}
     assert nvml.shutdowns >= nvml.inits - 1  # every init of the sampler is shut down
     summary = gpu_monitor.summarise(samples)

@@ -1,5 +1,7 @@
 """The house rules of docs/architecture.md, checked on the tree: small rooms, notebooks that
-narrate (no plumbing), one place for settings."""
+narrate (no plumbing: no functions, no named lambdas, no hand-built tables), one place for settings
+(the scale preset: no ``SCALE.name == ...`` branches, no ``CHEXNET_*`` read from the
+environment)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,116 @@ MAX_MODULE_LINES = 700
 MAX_CELL_LINES = 15
 
 
+WIDTH_SPEC = re.compile(r"^(?:.?[<>=^])?[+\- ]?z?#?0?[1-9]")   # a format spec with a width
+
+
 def _code_cells(nb: Path) -> list[tuple[int, str]]:
     cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
     return [(i, "".join(c["source"])) for i, c in enumerate(cells) if c["cell_type"] == "code"]
+
+
+def _tree(src: str) -> ast.Module:
+    """A code cell as Python: IPython magics and shell lines (``%``, ``!``) left out."""
+    return ast.parse("\n".join(ln for ln in src.splitlines()
+                               if not ln.lstrip().startswith(("%", "!"))))
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ"
+            and isinstance(node.value, ast.Name) and node.value.id == "os") \
+        or (isinstance(node, ast.Name) and node.id == "environ")
+
+
+def _chexnet_or_unknown(key: ast.AST | None) -> bool:
+    """A key that is, or may be, a ``CHEXNET_*`` variable (anything but another literal)."""
+    return not (isinstance(key, ast.Constant) and isinstance(key.value, str)) \
+        or key.value.startswith("CHEXNET_")
+
+
+def environ_reads(src: str) -> list[str]:
+    """Reads of ``CHEXNET_*`` (or of unknown names, or of the whole environment) from
+    ``os.environ`` / ``os.getenv`` in a cell; writes (``os.environ.update``, ``[k] = v``) and
+    other literal names (``setdefault("TF_CPP_MIN_LOG_LEVEL", ...)``) are fine."""
+    found = []
+    for n in ast.walk(_tree(src)):
+        if isinstance(n, ast.Subscript) and _is_environ(n.value) and isinstance(n.ctx, ast.Load) \
+                and _chexnet_or_unknown(n.slice):
+            found.append(ast.unparse(n))
+        elif isinstance(n, ast.Call):
+            f, first = n.func, (n.args[0] if n.args else None)
+            env_method = isinstance(f, ast.Attribute) and _is_environ(f.value)
+            getenv = (isinstance(f, ast.Attribute) and f.attr == "getenv") or \
+                (isinstance(f, ast.Name) and f.id == "getenv")
+            if (env_method and f.attr in ("get", "pop", "setdefault") or getenv) \
+                    and _chexnet_or_unknown(first):
+                found.append(ast.unparse(n))
+            elif env_method and f.attr in ("copy", "items", "keys", "values"):
+                found.append(ast.unparse(n))
+            elif any(_is_environ(a) for a in n.args):        # dict(os.environ), f(os.environ)
+                found.append(ast.unparse(n))
+        elif isinstance(n, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in n.ops) \
+                and any(_is_environ(c) for c in n.comparators) and _chexnet_or_unknown(n.left):
+            found.append(ast.unparse(n))
+    return found
+
+
+def _is_scale(node: ast.AST) -> bool:
+    """``SCALE`` (any case) or a call of ``scale()`` / ``config.scale()``."""
+    if isinstance(node, ast.Name):
+        return node.id.lower() == "scale"
+    if isinstance(node, ast.Call):
+        f = node.func
+        return (isinstance(f, ast.Name) and f.id == "scale") or \
+            (isinstance(f, ast.Attribute) and f.attr == "scale")
+    return False
+
+
+def _is_scale_name(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "name" and _is_scale(node.value)
+
+
+def scale_name_branches(src: str) -> list[str]:
+    """Settings chosen by the preset's name: ``SCALE.name == "ci"``, ``... in (...)``,
+    ``match SCALE.name``, ``{...}[SCALE.name]``, ``d.get(SCALE.name)``."""
+    found = []
+    for n in ast.walk(_tree(src)):
+        if isinstance(n, ast.Compare) and any(map(_is_scale_name, [n.left, *n.comparators])):
+            found.append(ast.unparse(n))
+        elif isinstance(n, ast.Match) and _is_scale_name(n.subject):
+            found.append(f"match {ast.unparse(n.subject)}")
+        elif isinstance(n, ast.Subscript) and _is_scale_name(n.slice):
+            found.append(ast.unparse(n))
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                and n.func.attr == "get" and n.args and _is_scale_name(n.args[0]):
+            found.append(ast.unparse(n))
+    return found
+
+
+def _width_fields(node: ast.AST) -> list[ast.FormattedValue]:
+    """The f-string fields under ``node`` formatted with a width (``{x:>10}``, ``{y:7.1f}``)."""
+    def spec(fv: ast.FormattedValue) -> str:
+        parts = fv.format_spec.values if fv.format_spec else []
+        return "".join(p.value for p in parts if isinstance(p, ast.Constant))
+    return [fv for fv in ast.walk(node)
+            if isinstance(fv, ast.FormattedValue) and WIDTH_SPEC.match(spec(fv))]
+
+
+def hand_built_tables(src: str) -> list[str]:
+    """``print`` calls that lay out a table by hand: a literal padded to a width (a header
+    row, ``{'ms':>8}``, or a blank column, ``{'':<21}``), or, in a loop, a row of three or
+    more fields with widths. Use :func:`chexnet_utils.tables.table` instead."""
+    tree = _tree(src)
+    in_loop = {id(n) for loop in ast.walk(tree) if isinstance(loop, (ast.For, ast.While))
+               for stmt in loop.body for n in ast.walk(stmt)}
+    found = []
+    for n in ast.walk(tree):
+        if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print"):
+            continue
+        fields = [fv for a in n.args for fv in _width_fields(a)]
+        padded_literal = any(isinstance(fv.value, ast.Constant) for fv in fields)
+        if padded_literal or (id(n) in in_loop and len(fields) >= 3):
+            found.append(ast.unparse(n)[:80])
+    return found
 
 
 def test_every_module_is_a_room_not_a_warehouse():
@@ -43,11 +152,12 @@ def test_notebook_cells_are_short_and_define_nothing(nb: Path):
     assert long_cells == {}, f"code cells over {MAX_CELL_LINES} lines (cell: lines)"
     defined = []
     for i, src in _code_cells(nb):
-        lines = [ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!"))]
-        tree = ast.parse("\n".join(lines))
-        defined += [(i, n.name) for n in ast.walk(tree)
-                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    assert defined == [], "functions belong in chexnet_utils, not in a notebook"
+        defined += [(i, getattr(n, "name", "lambda")) for n in ast.walk(_tree(src))
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                    or (isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda))]
+    # An inline lambda handed to tf.data (``ds.map(lambda x: ...)``) is pipeline code the
+    # learner writes too and stays; a lambda bound to a name is a function definition.
+    assert defined == [], "functions (named lambdas too) belong in chexnet_utils, not a notebook"
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
@@ -55,7 +165,40 @@ def test_notebook_settings_come_from_config_and_results_are_numbered(nb: Path):
     reads = [i for i, src in _code_cells(nb)
              if re.search(r"(os\.environ\.get|os\.getenv|os\.environ\[)\(?\s*[\"']CHEXNET_", src)]
     assert reads == [], "read CHEXNET_* settings through config.scale()"
+    reads = [(i, r) for i, src in _code_cells(nb) for r in environ_reads(src)]
+    assert reads == [], "read CHEXNET_* settings through config.scale(), not os.environ"
+    branches = [(i, b) for i, src in _code_cells(nb) for b in scale_name_branches(src)]
+    assert branches == [], ("a setting that differs between presets is a field of "
+                            "config.Scale (with a value per preset), not a test of SCALE.name")
     cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
     headings = [ln for c in cells if c["cell_type"] == "markdown"
                 for ln in "".join(c["source"]).splitlines() if ln.startswith("## ")]
     assert any(re.fullmatch(r"## \d+\. Results", h.strip()) for h in headings), headings
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_tables_use_the_one_helper(nb: Path):
+    by_hand = [(i, t) for i, src in _code_cells(nb) for t in hand_built_tables(src)]
+    assert by_hand == [], ("show tables with chexnet_utils.tables.table(rows) (or, where nbval "
+                           "checks the text, print(markdown_table(rows))), not print + widths")
+
+
+def test_the_notebook_detectors_catch_what_they_should():
+    assert scale_name_branches('CI = SCALE.name == "ci"\nx = 5 if CI else 10')
+    assert scale_name_branches('n = {"ci": 3}.get(SCALE.name, 16)')
+    assert scale_name_branches('if config.scale().name in ("ci",):\n    pass')
+    assert scale_name_branches('n = {"ci": 3}[SCALE.name]')
+    assert not scale_name_branches('print(f"scale {SCALE.name}")\nrow = {"scale": SCALE.name}')
+    for read in ('os.environ["CHEXNET_SCALE"]', 'os.environ.get("CHEXNET_X", "1")',
+                 'os.getenv("CHEXNET_X")', '"CHEXNET_X" in os.environ', "os.environ.get(var)",
+                 "env = dict(os.environ)", "os.environ.copy()"):
+        assert environ_reads(read), read
+    for fine in ('os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")',
+                 "os.environ.update(PLAN.engine_env)", 'os.environ["HOROVOD_X"] = "1"'):
+        assert environ_reads(fine) == [], fine
+    header = "print(f\"{'workers':>8} {'ring':>22}\")"
+    loop_row = 'for n in ns:\n    print(f"{n:>8} {a:>19.1f} MB {b:>21.1f} MB")'
+    assert hand_built_tables(header) and hand_built_tables(loop_row)
+    assert hand_built_tables("%time x = 1\nprint(f\"{'':<21} sum\")")
+    assert not hand_built_tables('for tl in sim:\n    print(f"{tl.label}: {tl.step_s:.1f} s")')
+    assert not hand_built_tables('print(f"one core decodes {rate:7.1f} images/s")')

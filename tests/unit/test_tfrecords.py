@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from chexnet_utils import tfrecords as T
+from chexnet_utils.tfrecords import plan
 from chexnet_utils.cli import main
 from chexnet_utils.nih import (
     CSV_NAME,
@@ -82,7 +83,7 @@ def test_last_partial_shard_is_written_and_named(tmp_path):
 def test_shard_mb_counts_shards_up_front(tmp_path):
     root, records = make_dataset(tmp_path / "data", n_train_val=24, n_test=40, size=32)
     out = tmp_path / "tfr"
-    total = sum(image_path(root, r.image_index).stat().st_size + T._RECORD_OVERHEAD
+    total = sum(image_path(root, r.image_index).stat().st_size + plan.RECORD_OVERHEAD
                 for r in records[24:])
     # test part: ~17.5 targets -> 18 shards by size, rounded up to a multiple of 8 -> 24
     target_mb = total / 17.5 / 1e6
@@ -104,7 +105,7 @@ MB = 1_000_000
 
 def fake_items(n: int, size: int, px: int, split: str = "train") -> list:
     """Planning input without files: ``n`` images of about ``size`` bytes, ``px`` square."""
-    return [T._Item(f"{i + 1:08d}_000.png", split, None, (0.0,) * 14, i // 3,
+    return [plan.ShardItem(f"{i + 1:08d}_000.png", split, None, (0.0,) * 14, i // 3,
                     size=size + (i * 7919) % (size // 4) - size // 8, width=px, height=px)
             for i in range(n)]
 
@@ -135,7 +136,7 @@ def test_default_plan_1500_images_of_256px_gets_8_shards():
     # `tfrecords` with defaults. The old plan made one shard per split, which cannot be
     # sharded by file over 2 workers.
     items = fake_items(1500, 32_500, 256)
-    counts = T._shard_counts(items, None, T.DEFAULT_SHARD_MB, None)
+    counts = plan.images_per_shard(items, None, T.DEFAULT_SHARD_MB, None)
     assert len(counts) == 8 and sum(counts) == 1500 and max(counts) - min(counts) <= 1
 
 
@@ -143,21 +144,21 @@ def test_default_plan_for_the_full_nih_data_set():
     # NIH ChestX-ray14: 112,120 PNGs of 1024 px, ~42 GB (~375 kB each); the train part of
     # the patient split has ~77,900 of them, ~29 GB. Planned without writing anything.
     items = fake_items(77_872, 374_600, 1024)
-    estimate = T._estimated_bytes(items, None)
+    estimate = plan.estimate_bytes(items, None)
     assert 28_000 * MB < estimate < 31_000 * MB
-    counts = T._shard_counts(items, None, T.DEFAULT_SHARD_MB, None)
+    counts = plan.images_per_shard(items, None, T.DEFAULT_SHARD_MB, None)
     k = len(counts)
     assert k % 8 == 0 and 280 <= k <= 320  # hundreds of shards, evenly split by 1..8 workers
     assert sum(counts) == len(items) and max(counts) - min(counts) <= 1
     assert 90 * MB <= estimate / k <= 100 * MB  # ~100 MB each, never above the target
     # resized to 224 px at conversion time: ~21x less data, still a multiple of 8
-    small = T._shard_counts(items, None, T.DEFAULT_SHARD_MB, 224)
+    small = plan.images_per_shard(items, None, T.DEFAULT_SHARD_MB, 224)
     assert len(small) == 16 and sum(small) == len(items)
     # the whole data set: every split a multiple of 8
     for n in (8_652, 25_596):  # val, test
-        assert len(T._shard_counts(fake_items(n, 374_600, 1024), None, 100.0, None)) % 8 == 0
+        assert len(plan.images_per_shard(fake_items(n, 374_600, 1024), None, 100.0, None)) % 8 == 0
     # an explicit shard_size is taken as given: no rounding
-    assert len(T._shard_counts(items, 1000, 100.0, None)) == 78
+    assert len(plan.images_per_shard(items, 1000, 100.0, None)) == 78
 
 
 def test_default_plan_on_a_small_data_set(tmp_path):
