@@ -328,6 +328,12 @@ class LocalSlurm:
         self.daemon_pids = {}
         atexit.unregister(self._stop_at_exit)
 
+    def detach(self) -> "LocalSlurm":
+        """Leave the daemons running when this interpreter exits (``up``); by default they are
+        stopped then. :meth:`attach` and :meth:`stop` (``down``) find them again."""
+        atexit.unregister(self._stop_at_exit)
+        return self
+
     def _stop_at_exit(self) -> None:
         """At interpreter exit: :meth:`stop` if the daemons still run (never raises)."""
         if self.daemon_pids:
@@ -421,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from chexnet_utils.processes import command_lifetime
 
             if args.action == "up":
-                LocalSlurm(state).start()
+                LocalSlurm(state).start().detach()   # outlives this command: `down` stops it
                 print(f"started; stop with: python -m chexnet_utils.slurm_local down --dir "
                       f"{args.dir}")
                 _print_usage(LocalSlurm.attach(state))

@@ -2,8 +2,9 @@
 
 The tests are sorted by what they need to run (see the README's testing section):
 
-- ``tests/unit``: pure Python; imports neither TensorFlow nor Horovod and starts no MPI,
-  ipyparallel or TensorFlow process (checked by ``tests/unit/conftest.py``); ``make unit``.
+- ``tests/unit``: pure Python; imports neither TensorFlow nor Horovod (checked by
+  ``tests/unit/conftest.py``) and starts no MPI, ipyparallel or TensorFlow process (a rule
+  of the folder, kept by review: the few subprocesses here run plain Python); ``make unit``.
 - ``tests/tf``: imports TensorFlow in-process or runs TensorFlow subprocesses, no MPI.
 - ``tests/mpi``: starts MPI, ipyparallel engines, Horovod ranks, tf.data service processes
   or daemons, and the kill tests of every command.

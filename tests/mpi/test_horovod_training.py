@@ -87,7 +87,7 @@ def test_bench_scaling_cli_writes_rates_and_efficiency(hvd_tfrecords, tmp_path):
 
     out = tmp_path / "scaling.json"
     assert main(["bench", "scaling", "--workers", "1,2", "--tfrecords", str(hvd_tfrecords),
-                 "--image-size", "32", "--batch-size", "4", "--steps", "2",
+                 "--image-size", "32", "--batch-size", "4", "--steps", "2", "--warmup", "1",
                  "--emulate-accelerator", "5", "--env", "HOROVOD_CYCLE_TIME=2",
                  "--json", str(out)]) == 0
     r = json.loads(out.read_text())

@@ -7,8 +7,10 @@ root; without them they skip with that reason. The shared Slurm is the session f
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import cloudpickle
@@ -91,6 +93,39 @@ def test_local_slurm_an_error_leaves_running_is_stopped_when_python_exits():
     assert len(started["pids"]) >= 3          # munged, slurmctld, slurmd were running
     assert alive(started["pids"]) == []
     assert not Path(started["state"]).exists()
+
+
+def test_make_slurm_up_status_down_by_hand():
+    """``make slurm SLURM_ARGS=up|status|down``: ``up`` returns with the daemons running (they
+    outlive the command), ``status`` finds them, ``down`` stops every one of them. (The state
+    folder is a temporary one under /tmp, as LocalSlurm's own default: munged wants every
+    folder above its socket traversable, which pytest's 0700 tmp_path is not.)"""
+    reason = slurm_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    cmd = [sys.executable, "-m", "chexnet_utils.slurm_local"]
+    base = Path(tempfile.mkdtemp(prefix="chexnet-slurm-up-"))
+    base.chmod(0o755)
+    state, pids = base / "slurm", []
+    try:
+        up = subprocess.run([*cmd, "up", "--dir", str(state)], capture_output=True, text=True,
+                            timeout=120)
+        assert up.returncode == 0, up.stderr
+        assert f"export SLURM_CONF={state / 'slurm.conf'}" in up.stdout
+        pids = LocalSlurm.attach(state).processes()
+        assert len(pids) >= 3 and alive(pids) == pids      # still running after `up` exited
+        status = subprocess.run([*cmd, "status", "--dir", str(state)], capture_output=True,
+                                text=True, timeout=60)
+        assert status.returncode == 0 and "idle" in status.stdout, status.stdout
+    finally:
+        down = subprocess.run([*cmd, "down", "--dir", str(state)], capture_output=True,
+                              text=True, timeout=120)
+        again = subprocess.run([*cmd, "status", "--dir", str(state)], capture_output=True,
+                               text=True, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+    assert down.returncode == 0 and "no Slurm process left" in down.stdout, down.stderr
+    assert alive(pids) == []
+    assert again.returncode == 1 and "no Slurm started" in again.stderr
 
 
 def test_batch_script_trains_on_two_tasks_to_completed(local_slurm, submit_dir):
