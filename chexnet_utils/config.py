@@ -73,7 +73,10 @@ class Scale:
     step: tracing, filling the buffers (notebooks 02, 03 and 06)."""
     scaling_warmup_steps: int = 20
     """Untimed training steps on every engine before each timed images/s window of notebook
-    04's scaling measurement (tracing, the shuffle buffer, the prefetch queue)."""
+    04's scaling measurement: long enough that a pipeline slower than the step has used up
+    the decoded batches it buffered (the old approach's ``prefetch(batch_size)`` holds
+    ``batch_size`` batches) before the clock starts (:data:`chexnet_utils.scaling.SHUFFLE_BUFFER`).
+    Fewer would time stock, not throughput: the same in every preset."""
     accel_ms: float = 20.0
     """Milliseconds of emulated accelerator work per step (notebook 04)."""
     comm_max_mb: float = 128.0
@@ -108,7 +111,7 @@ class Scale:
 SCALES: dict[str, Scale] = {
     "ci": Scale("ci", n_images=600, source_size=1024, image_size=128, arch="small",
                 batch_size=16, epochs=5, max_workers=2, shard_size=32, bench_repeats=2,
-                bench_steps=6, scaling_warmup_steps=4, comm_max_mb=32.0, comm_repeats=5, comm_image_size=64,
+                bench_steps=6, comm_max_mb=32.0, comm_repeats=5, comm_image_size=64,
                 comm_cycle_time_clusters=False, feeding_shards=3),
     "workstation": Scale("workstation", n_images=6000, source_size=1024, image_size=224,
                          arch="densenet121", batch_size=16, epochs=5, max_workers=4,
