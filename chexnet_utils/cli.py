@@ -218,7 +218,7 @@ def _cmd_bench_scaling(args: argparse.Namespace) -> int:
     result = bench_scaling(tfr, workers=[int(w) for w in args.workers.split(",")],
                            pipelines=args.pipelines.split(","), arch=args.arch,
                            image_size=args.image_size, batch_size=args.batch_size,
-                           steps=args.steps, repeats=args.repeats,
+                           steps=args.steps, warmup_steps=args.warmup, repeats=args.repeats,
                            bind_to=None if args.bind_to == "none" else args.bind_to,
                            map_by=args.map_by, env=_env_pairs(args.env),
                            accelerator_ms=args.emulate_accelerator,
@@ -424,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--image-size", type=int, default=128, metavar="PX")
     b.add_argument("--batch-size", type=int, default=16, metavar="N", help="per worker")
     b.add_argument("--steps", type=int, default=10, help="timed steps per run (default 10)")
+    b.add_argument("--warmup", type=int, default=20,
+                   help="untimed steps before each run (default 20: enough for the old "
+                        "pipeline's prefetched batches to run out)")
     b.add_argument("--repeats", type=int, default=1, help="runs per setting (default 1)")
     b.add_argument("--bind-to", default="core", help="mpiexec --bind-to (default core; none)")
     b.add_argument("--map-by", default=None, help="mpiexec --map-by, e.g. socket")

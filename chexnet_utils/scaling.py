@@ -176,6 +176,8 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
         raise ValueError(f"workers must be positive worker counts, got {list(workers)}")
     if accelerator_ms is not None and accelerator_ms <= 0:
         raise ValueError(f"accelerator_ms must be > 0, got {accelerator_ms}")
+    if steps < 1 or warmup_steps < 0:
+        raise ValueError(f"need steps >= 1 and warmup_steps >= 0, got {steps}, {warmup_steps}")
     say = log or (lambda msg: None)
     modes = [0.0] + ([float(accelerator_ms)] if accelerator_ms else [])
     runs: dict[float, dict[str, dict[int, list[float]]]] = {
@@ -216,7 +218,7 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
     result: dict[str, Any] = {
         "workers": list(workers), "pipelines": list(pipelines), "arch": arch,
         "image_size": image_size, "batch_size_per_worker": batch_size, "steps": steps,
-        "repeats": repeats, "bind_to": bind_to, "cores": usable_cores(),
+        "warmup_steps": warmup_steps, "repeats": repeats, "bind_to": bind_to, "cores": usable_cores(),
         "env": dict(env or {}), "tfrecords": str(tfrecords), **summary(0.0),
         "engine_env": {str(n): e for n, e in engine_envs.items()},
         "cluster_seconds": {str(n): t for n, t in cluster_times.items()},

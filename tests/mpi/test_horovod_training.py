@@ -91,7 +91,7 @@ def test_bench_scaling_cli_writes_rates_and_efficiency(hvd_tfrecords, tmp_path):
                  "--emulate-accelerator", "5", "--env", "HOROVOD_CYCLE_TIME=2",
                  "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    assert r["env"] == {"HOROVOD_CYCLE_TIME": "2"}
+    assert r["env"] == {"HOROVOD_CYCLE_TIME": "2"} and r["warmup_steps"] == 1
     for n in ("1", "2"):  # what the engines really ran with is recorded
         assert r["engine_env"][n]["HOROVOD_CYCLE_TIME"] == "2"
         assert r["engine_env"][n]["TF_NUM_INTRAOP_THREADS"] == "1"  # one thread per core
@@ -135,6 +135,8 @@ def test_bench_scaling_rejects_bad_arguments(hvd_tfrecords):
         bench_scaling(hvd_tfrecords, workers=[1], accelerator_ms=-1)
     with pytest.raises(ValueError, match="worker counts"):
         bench_scaling(hvd_tfrecords, workers=[0, 2])
+    with pytest.raises(ValueError, match="warmup_steps >= 0"):
+        bench_scaling(hvd_tfrecords, workers=[1], warmup_steps=-1)
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         main(["bench", "scaling", "--tfrecords", str(hvd_tfrecords), "--env", "NOVALUE"])
 
