@@ -31,7 +31,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chexnet_utils.distributed import ROOT_SWITCHES
-from chexnet_utils.processes import alive
+from chexnet_utils.processes import wait_pids_gone
 
 NETNS_ETC = Path("/etc/netns")
 """Per-namespace files ``ip netns exec`` bind-mounts over ``/etc`` (here: ``hosts``)."""
@@ -153,9 +152,7 @@ def remove_all(prefix: str, timeout: float = 10.0) -> list[int]:
                     killed.append(pid)
                 except ProcessLookupError:
                     pass
-    deadline = time.monotonic() + timeout
-    while alive(killed) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    survivors = wait_pids_gone(killed, timeout)
     for ns in namespaces():
         if ns.startswith(prefix):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
@@ -170,7 +167,7 @@ def remove_all(prefix: str, timeout: float = 10.0) -> list[int]:
             NETNS_ETC.rmdir()  # only when empty: we may have created it
         except OSError:
             pass
-    return alive(killed)
+    return survivors
 
 
 def tbf_command(iface: str, rate_bit: float, burst_bytes: int | None = None,

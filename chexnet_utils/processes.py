@@ -82,6 +82,16 @@ def alive(pids: Iterable[int]) -> list[int]:
     return [p for p in pids if pid_alive(p)]
 
 
+def wait_pids_gone(pids: Iterable[int], timeout: float, poll: float = 0.02) -> list[int]:
+    """Wait until none of ``pids`` is running (zombies count as gone, :func:`alive`); return
+    those still running after ``timeout`` seconds."""
+    pids = list(pids)
+    deadline = time.monotonic() + timeout
+    while (left := alive(pids)) and time.monotonic() < deadline:
+        time.sleep(poll)
+    return left
+
+
 def wait_gone(procs: Iterable[Any], timeout: float) -> list[Any]:
     """Wait until the :class:`psutil.Process` objects in ``procs`` have exited; return those
     still running after ``timeout`` seconds.

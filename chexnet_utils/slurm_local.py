@@ -347,11 +347,9 @@ class LocalSlurm:
         return out.returncode == 0 and bool(out.stdout.strip())
 
     def _wait_pids(self, pids: Sequence[int], timeout: float) -> None:
-        from chexnet_utils.processes import alive
+        from chexnet_utils.processes import wait_pids_gone
 
-        deadline = time.monotonic() + timeout
-        while alive(pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_pids_gone(pids, timeout, poll=0.05)
         for proc in self._popens:  # reap the daemons this process started
             proc.poll()
 

@@ -159,3 +159,21 @@ def test_a_command_that_cannot_finish_its_cleanup_still_exits_after_the_grace_pe
     finally:
         child.kill()
         child.wait()
+
+
+def test_wait_pids_gone_returns_the_survivors_and_counts_exited_children_as_gone() -> None:
+    import subprocess
+    import sys
+
+    from chexnet_utils.processes import wait_pids_gone
+
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert wait_pids_gone([quick.pid], timeout=20) == []   # exited, not yet reaped
+        assert wait_pids_gone([slow.pid], timeout=0.1) == [slow.pid]
+    finally:
+        slow.kill()
+        slow.wait()
+        quick.wait()
+    assert wait_pids_gone([slow.pid], timeout=5) == []
