@@ -29,7 +29,7 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
-def _free_link_net() -> str:
+def _free_link_net() -> ipaddress.IPv4Network:
     """A /30 of 10.78.0.0/16 that no route or address of this machine overlaps yet: the
     veth's two addresses exist only on this link (a /30 keeps the route as small as it
     gets), and a second run at the same time picks another one."""
@@ -46,13 +46,8 @@ def _free_link_net() -> str:
             taken.append(net)
     for cand in ipaddress.ip_network("10.78.0.0/16").subnets(new_prefix=30):
         if not any(cand.overlaps(t) for t in taken):
-            return str(cand.network_address)
+            return cand
     raise RuntimeError("no free /30 in 10.78.0.0/16")
-
-
-def _plus(net: str, k: int) -> str:
-    head, last = net.rsplit(".", 1)
-    return f"{head}.{int(last) + k}"
 
 
 def _names() -> tuple[str, str, str]:
@@ -65,8 +60,7 @@ def other_host():
     """A namespace ``ns`` reachable at ``node_ip`` through veth ``host_if`` (``host_ip`` on
     this side), both in a free /30: yields ``(ns, host_if, host_ip)``."""
     ns, host_if, node_if = _names()
-    net = _free_link_net()
-    host_ip, node_ip = _plus(net, 1), _plus(net, 2)
+    host_ip, node_ip = (str(a) for a in _free_link_net().hosts())   # the /30's two hosts
     try:
         _ip("netns", "add", ns)
         _ip("link", "add", host_if, "type", "veth", "peer", "name", node_if)
