@@ -154,11 +154,9 @@ def _example_messages() -> dict[str, Any]:
 
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    get_class = getattr(message_factory, "GetMessageClass", None)  # older: GetPrototype
-    if get_class is None:
-        get_class = message_factory.MessageFactory(pool).GetPrototype
     names = ("Example", "Features", "Feature", "BytesList", "FloatList", "Int64List")
-    return {n: get_class(pool.FindMessageTypeByName(f"tensorflow.{n}")) for n in names}
+    return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"tensorflow.{n}"))
+            for n in names}   # GetMessageClass: protobuf >= 4.21 (pinned in requirements)
 
 
 _MESSAGES = _example_messages()
