@@ -17,7 +17,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench fresh-check gpu-build-check clean distclean
+.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench fresh-check nonroot-check gpu-build-check clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
@@ -28,6 +28,7 @@ help:
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
 	@echo "make bench      conversion, old vs new pipeline, tf.data service, Horovod scaling -> $(BUILD)/bench-*.json"
 	@echo "make fresh-check  (root) make setup + notebook 00 in a bare Debian 12 chroot, then removed"
+	@echo "make nonroot-check  (root) unit tests, notebook 00 and an engine cluster as a new normal user beside another account"
 	@echo "make gpu-build-check  the GPU stack (CUDA TensorFlow, Horovod + NCCL) built in .venv-gpu and checked, no GPU needed"
 	@echo "make setup GPU=1  the GPU build in .venv (automatic where nvidia-smi -L lists GPUs)"
 
@@ -35,30 +36,30 @@ setup:
 	@bash scripts/setup.sh
 
 test: setup
-	$(PY) -m pytest tests $(NOTEBOOKS) --nbval-lax --nbval-current-env \
+	"$(PY)" -m pytest tests $(NOTEBOOKS) --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=0 $(PYTEST_ARGS)
 
 # The test layers (tests/conftest.py marks each test with its folder): `make unit` is the
 # fast pure layer (no TensorFlow, no MPI; under a minute), `make tf` the in-process
 # TensorFlow tests, `make mpi` the MPI, engine, service and kill tests. `make test` runs all.
 unit: setup
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	"$(PY)" -m pytest tests/unit $(PYTEST_ARGS)
 
 tf: setup
-	$(PY) -m pytest tests/tf $(PYTEST_ARGS)
+	"$(PY)" -m pytest tests/tf $(PYTEST_ARGS)
 
 mpi: setup
-	$(PY) -m pytest tests/mpi $(PYTEST_ARGS)
+	"$(PY)" -m pytest tests/mpi $(PYTEST_ARGS)
 
 notebooks: setup
-	$(PY) -m pytest $(NOTEBOOKS) --nbval-lax --nbval-current-env \
+	"$(PY)" -m pytest $(NOTEBOOKS) --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=0 $(PYTEST_ARGS)
 
 data: setup
-	$(PY) -m chexnet_utils data
+	"$(PY)" -m chexnet_utils data
 
 tutorial: setup data
-	$(PY) -m chexnet_utils tutorial --out $(BUILD) $(NOTEBOOKS)
+	"$(PY)" -m chexnet_utils tutorial --out "$(BUILD)" $(NOTEBOOKS)
 
 # Benchmarks (numbers for docs/benchmarks.md): the data set's full-size TFRecords, converted
 # once by the same code the notebooks use (build/tfrecords-full), then
@@ -70,25 +71,25 @@ tutorial: setup data
 BENCH_WORKERS ?= 1,2
 
 bench: setup data
-	CHEXNET_WORK_DIR=$(BUILD) $(PY) -c 'from chexnet_utils.data import prepare_tfrecords; prepare_tfrecords()'
-	$(PY) -m chexnet_utils bench conversion --json $(BUILD)/bench-conversion.json --data-dir \
-	  "$$($(PY) -c 'from chexnet_utils.config import data_dir; print(data_dir())')"
-	$(PY) -m chexnet_utils bench pipelines --tfrecords $(BUILD)/tfrecords-full \
-	  --emulate-accelerator 100 --json $(BUILD)/bench-pipelines.json
-	$(PY) -m chexnet_utils bench service --json $(BUILD)/bench-service.json
-	$(PY) -m chexnet_utils bench scaling --workers $(BENCH_WORKERS) --emulate-accelerator 20 \
-	  --tfrecords $(BUILD)/tfrecords-full --json $(BUILD)/bench-scaling.json
+	CHEXNET_WORK_DIR="$(BUILD)" "$(PY)" -c 'from chexnet_utils.data import prepare_tfrecords; prepare_tfrecords()'
+	"$(PY)" -m chexnet_utils bench conversion --json "$(BUILD)/bench-conversion.json" --data-dir \
+	  "$$("$(PY)" -c 'from chexnet_utils.config import data_dir; print(data_dir())')"
+	"$(PY)" -m chexnet_utils bench pipelines --tfrecords "$(BUILD)/tfrecords-full" \
+	  --emulate-accelerator 100 --json "$(BUILD)/bench-pipelines.json"
+	"$(PY)" -m chexnet_utils bench service --json "$(BUILD)/bench-service.json"
+	"$(PY)" -m chexnet_utils bench scaling --workers $(BENCH_WORKERS) --emulate-accelerator 20 \
+	  --tfrecords "$(BUILD)/tfrecords-full" --json "$(BUILD)/bench-scaling.json"
 
 # JupyterLab on 127.0.0.1 offering only the project kernel, with ipyparallel's sidebar
 # (chexnet_utils/lab.py); extra options through LAB_ARGS, e.g. LAB_ARGS="--port 8801".
 LAB_ARGS ?=
 lab: setup
-	$(PY) -m chexnet_utils.lab --notebook-dir=notebooks $(LAB_ARGS)
+	"$(PY)" -m chexnet_utils.lab --notebook-dir=notebooks $(LAB_ARGS)
 
 # The same JupyterLab headless; Chromium opens each notebook, checks its title and kernel,
 # and saves build/browser/NN_*.png (also part of `make test`).
 browser-check: setup
-	CHEXNET_BROWSER_SHOTS=$(BUILD)/browser $(PY) -m pytest tests/notebooks/test_browser.py $(PYTEST_ARGS)
+	CHEXNET_BROWSER_SHOTS="$(BUILD)/browser" "$(PY)" -m pytest tests/notebooks/test_browser.py $(PYTEST_ARGS)
 
 # The README's commands on a bare Debian 12 (debootstrap minbase + python3 make git
 # ca-certificates): make setup and notebook 00 in a chroot of this commit, then everything
@@ -96,6 +97,14 @@ browser-check: setup
 # FRESH_KEEP=1 keeps the root). Needs root; CI runs it after make test.
 fresh-check:
 	@bash scripts/fresh_check.sh
+
+# The package as a normal user on a multi-user host (#30; needs root, CI runs it after
+# make test): a learner account and another account holding an Open MPI shared-memory
+# segment with a process running; as the learner the unit layer, notebook 00 and one
+# engine-cluster test; both accounts and their files removed and checked
+# (scripts/nonroot_check.sh).
+nonroot-check: setup
+	@PY="$(PY)" bash scripts/nonroot_check.sh
 
 # The GPU stack on a CPU-only machine: GPU=1 setup into .venv-gpu (tensorflow[and-cuda],
 # Horovod with CUDA + NCCL, wheel cached with the CUDA and NCCL versions in its key), then it
@@ -105,18 +114,19 @@ gpu-build-check:
 	@bash scripts/gpu_build_check.sh
 
 clean:
-	rm -rf $(BUILD) .pytest_cache
+	rm -rf "$(BUILD)" .pytest_cache
 
 distclean: clean
-	rm -rf $(VENV) .venv-gpu data/synthetic-*
+	rm -rf "$(VENV)" .venv-gpu data/synthetic-*
 
 # A real Slurm on this machine (chexnet_utils/slurm_local.py; needs root and slurm-wlm +
-# munge, which `make setup` installs as root): munged, slurmctld and slurmd on loopback with
-# everything in $(BUILD)/slurm, the node idle, then it prints how to use it (export
-# SLURM_CONF=..., sinfo, sbatch scripts/slurm_horovod.sbatch) and runs until Ctrl-C, which
+# munge, which `make setup` installs as root): munged, slurmctld and slurmd (clients and node
+# on loopback; slurmctld and slurmd listen on all interfaces) with everything in
+# $(BUILD)/slurm, the node idle, then it prints how to use it (export SLURM_CONF=..., sinfo,
+# sbatch scripts/slurm_horovod.sbatch) and runs until Ctrl-C, which
 # cancels the jobs and stops every daemon. SLURM_ARGS=up / status / down: start and return,
 # show, stop.
 .PHONY: slurm
 SLURM_ARGS ?= run
 slurm: setup
-	$(PY) -m chexnet_utils.slurm_local $(SLURM_ARGS) --dir $(BUILD)/slurm
+	"$(PY)" -m chexnet_utils.slurm_local $(SLURM_ARGS) --dir "$(BUILD)/slurm"

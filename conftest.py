@@ -11,11 +11,20 @@ import os
 import time
 from collections import defaultdict
 
-from chexnet_utils.nbtools import format_wall_times, notebook_of
+import pytest
+
+from chexnet_utils.nbtools import budget_minutes, format_wall_times, notebook_of
 
 _notebook_seconds: dict[str, float] = defaultdict(float)
 _other_seconds = [0.0]
 _session_start = [time.monotonic()]
+
+
+def pytest_configure(config):  # noqa: ANN001, ANN201
+    try:
+        budget_minutes(os.environ)  # a bad CHEXNET_TEST_BUDGET_MIN: stop before the run
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def pytest_sessionstart(session):  # noqa: ANN001, ANN201
@@ -33,7 +42,7 @@ def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201
 def pytest_terminal_summary(terminalreporter):  # noqa: ANN001, ANN201
     if not _notebook_seconds:
         return
-    budget = float(os.environ.get("CHEXNET_TEST_BUDGET_MIN", 20))
+    budget = budget_minutes(os.environ)
     terminalreporter.write_sep("=", "notebook wall times")
     elapsed = time.monotonic() - _session_start[0]  # collection and start-up included
     terminalreporter.write_line(format_wall_times(dict(_notebook_seconds), _other_seconds[0],

@@ -22,6 +22,11 @@ Each switch is decided once per process by :func:`resolve_switches`, in this ord
 function argument (``True`` / ``False``; ``None`` = no opinion), the environment variable
 (``CHEXNET_MIXED_PRECISION``, ``CHEXNET_XLA``: ``1``/``on``, ``0``/``off``, ``auto``), then
 the default (on with a GPU, off without).
+
+Op determinism, the switch the other way (speed traded for bit-identical results), is
+TensorFlow's own ``tf.config.experimental.enable_op_determinism()``; TensorFlow exports no
+switch back, which :func:`disable_op_determinism` is (notebook 03 turns determinism on to
+compare two trainings bit for bit, then off before it measures speed).
 """
 
 from __future__ import annotations
@@ -165,3 +170,16 @@ def describe(switches: Switches, gpus: Sequence[Any] | None = None) -> str:
     if gpus is not None:
         parts.append(f"{len(gpus)} GPU(s)")
     return ", ".join(parts)
+
+
+def disable_op_determinism() -> None:
+    """Undo ``tf.config.experimental.enable_op_determinism()``.
+
+    TensorFlow (2.21) exports only the switch on; this is its own switch off,
+    ``tensorflow.python.framework.config.disable_op_determinism``. Pipelines iterated
+    afterwards run as usual again: ``tf.data`` honours ``deterministic=False`` and runs a
+    ``map`` with random ops in parallel (with determinism on, on one thread).
+    """
+    from tensorflow.python.framework import config as tf_config
+
+    tf_config.disable_op_determinism()

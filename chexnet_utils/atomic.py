@@ -2,9 +2,10 @@
 
 Conversions, checkpoints and manifests here run for hours on real data and may be killed at
 any moment; every small state file is therefore written to a temporary name in the same
-folder, flushed to disk, and renamed over the target (``os.replace`` is atomic on POSIX).
-The one implementation of that dance is :func:`atomic_path` (a temporary path for writers
-that stream or name their own files: PNGs, shards, Keras checkpoints);
+folder (created with ``O_EXCL`` under a random name: :func:`create_temp`), flushed to disk,
+and renamed over the target (``os.replace`` is atomic on POSIX). The one implementation of
+that dance is :func:`atomic_path` (a temporary path for writers that stream or name their
+own files: PNGs, shards, Keras checkpoints, figures);
 :func:`write_text_atomic`, :func:`write_bytes_atomic` and :func:`write_json_atomic` (strict
 JSON through :func:`json_safe`) are built on it, and :func:`fsync_dir` makes a rename itself
 durable.
@@ -16,6 +17,7 @@ import json
 import math
 import os
 import re
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,38 +28,60 @@ import numpy as np
 _NUMBER_LIST = re.compile(r"\[\s*(-?[0-9.eE+-]+(?:,\s*-?[0-9.eE+-]+)*)\s*\]")
 
 
-def default_tmp(path: Path | str) -> Path:
-    """The temporary name :func:`atomic_path` uses for ``path``: ``.<name>.<pid>.tmp`` in the
-    same folder (hidden, and matched by no ``*.<suffix>`` glob)."""
-    path = Path(path)
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def create_temp(folder: Path | str, prefix: str = ".", suffix: str = ".tmp") -> Path:
+    """A new empty file ``<prefix><random><suffix>`` in ``folder``, created with ``O_EXCL``
+    (never an existing file, nor a symbolic link planted under a guessed name) and the
+    permissions of an ordinary new file (``0o666`` less the umask, as ``open`` gives)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
+        | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        path = Path(folder) / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            os.close(os.open(path, flags, 0o666))
+            return path
+        except FileExistsError:
+            continue
+
+
+def fsync_file(path: Path | str) -> None:
+    """Flush file ``path``'s data to disk (before renaming it into place)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager
-def atomic_path(path: Path | str, tmp: Path | str | None = None) -> Iterator[Path]:
+def atomic_path(path: Path | str, *, prefix: str | None = None, suffix: str = ".tmp",
+                fsync: bool = True) -> Iterator[Path]:
     """A temporary path to write ``path``'s new contents to; renamed over ``path``
     (``os.replace``) when the block ends normally, removed when it raises (even on
     ``KeyboardInterrupt``), so ``path`` is always the old file or the whole new one.
 
-    ``tmp`` is the temporary file (default :func:`default_tmp`; it must be on the same file
-    system as ``path``, and Keras wants its suffix, e.g. ``last.tmp.keras``). The block may
-    create the file however it likes (``open``, ``Image.save``, ``model.save``)::
+    The temporary file is created empty beforehand (:func:`create_temp`: a random name in
+    ``path``'s folder, ``O_EXCL``): ``<prefix><random><suffix>``, by default
+    ``.<name>.<random>.tmp`` (hidden, and matched by no ``*.<suffix>`` glob; Keras wants its
+    own suffix: ``suffix=".keras"``). The block may write it however it likes (``open``,
+    ``Image.save``, ``model.save``); with ``fsync`` its data reach the disk before the rename,
+    so a power cut cannot leave an empty or partial file under the final name::
 
         with atomic_path(out / "image.png") as tmp:
             Image.fromarray(img).save(tmp, format="PNG")
     """
     path = Path(path)
-    tmp_path = Path(tmp) if tmp is not None else default_tmp(path)
+    tmp_path = create_temp(path.parent, f".{path.name}." if prefix is None else prefix, suffix)
     try:
         yield tmp_path
+        if fsync:
+            fsync_file(tmp_path)
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)
 
 
-def _write_atomic(path: Path | str, data: str | bytes, tmp: Path | str | None,
-                  fsync: bool) -> None:
-    with atomic_path(path, tmp) as tmp_path:
+def _write_atomic(path: Path | str, data: str | bytes, prefix: str | None, fsync: bool) -> None:
+    with atomic_path(path, prefix=prefix, fsync=False) as tmp_path:
         with (open(tmp_path, "w", encoding="utf-8") if isinstance(data, str)
               else open(tmp_path, "wb")) as f:
             f.write(data)
@@ -66,21 +90,36 @@ def _write_atomic(path: Path | str, data: str | bytes, tmp: Path | str | None,
                 os.fsync(f.fileno())
 
 
-def write_text_atomic(path: Path | str, text: str, tmp: Path | str | None = None,
+def write_text_atomic(path: Path | str, text: str, prefix: str | None = None,
                       fsync: bool = True) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_path`).
 
-    ``tmp`` as in :func:`atomic_path`. With ``fsync`` the data reaches the disk before the
-    rename, so a power cut cannot leave an empty file under the final name.
+    ``prefix`` of the temporary name as in :func:`atomic_path`. With ``fsync`` the data
+    reaches the disk before the rename, so a power cut cannot leave an empty file under the
+    final name.
     """
-    _write_atomic(path, text, tmp, fsync)
+    _write_atomic(path, text, prefix, fsync)
 
 
-def write_bytes_atomic(path: Path | str, data: bytes, tmp: Path | str | None = None,
+def write_bytes_atomic(path: Path | str, data: bytes, prefix: str | None = None,
                        fsync: bool = True) -> None:
-    """Write ``data`` to ``path`` atomically; ``tmp`` and ``fsync`` as in
+    """Write ``data`` to ``path`` atomically; ``prefix`` and ``fsync`` as in
     :func:`write_text_atomic`."""
-    _write_atomic(path, bytes(data), tmp, fsync)
+    _write_atomic(path, bytes(data), prefix, fsync)
+
+
+def require_writable_dir(folder: Path | str) -> Path:
+    """``folder``, created if missing, after proving that a file can be made in it (one
+    :func:`create_temp`, removed at once): the check before long work whose first write comes
+    late (a full scan, a benchmark, an epoch). Raises ``OSError`` (``PermissionError`` for a
+    read-only folder) whose one-line message names the folder."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        create_temp(folder, ".write-probe-").unlink()
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write in {folder}: {e.strerror or e}") from None
+    return folder
 
 
 def fsync_dir(path: Path | str) -> None:
@@ -125,20 +164,20 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def write_json_atomic(path: Path | str, obj: Any, tmp: Path | str | None = None,
+def write_json_atomic(path: Path | str, obj: Any, prefix: str | None = None,
                       indent: int = 2, inline_number_lists: bool = False,
                       sort_keys: bool = False) -> None:
     """Write ``obj`` as strict JSON (:func:`json_safe`: NaN as ``null``) atomically.
 
     ``inline_number_lists`` keeps lists of numbers on one line inside the indented text
-    (manifests with per-shard label sums stay readable). ``tmp`` as in
+    (manifests with per-shard label sums stay readable). ``prefix`` as in
     :func:`write_text_atomic`.
     """
     text = json.dumps(json_safe(obj), indent=indent, allow_nan=False, sort_keys=sort_keys)
     if inline_number_lists:
         text = _NUMBER_LIST.sub(
             lambda m: "[" + ", ".join(m.group(1).replace(",", " ").split()) + "]", text)
-    write_text_atomic(path, text + "\n", tmp=tmp)
+    write_text_atomic(path, text + "\n", prefix=prefix)
 
 
 def make_private(folder: Path | str) -> None:

@@ -9,8 +9,6 @@ them as ``benchmark.X``):
 :func:`decode_ceiling`
     One core's parse + decode + preprocess rate times the cores: no pipeline on this
     machine beats it.
-:func:`simulated_workers`
-    Worker 0's pipeline of N Horovod workers, its useful rate times N (one machine each).
 :func:`records_per_file` / :func:`shard_counts`
     Exact counts, no timing: how many images each of N workers decodes and keeps, with
     sharding after decoding (old) and sharding the file names first (new).
@@ -30,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 from chexnet_utils.bench_timing import RunMean, alternating, mean_std, pipeline_run
 from chexnet_utils.bench_timing import timed_run, warm_up
 from chexnet_utils.devices import usable_cores
-from chexnet_utils.pipelines import Files, PipelineOptions, build_pipeline, preprocess
+from chexnet_utils.pipelines import Files, preprocess
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = ["ThroughputResult", "compare_pipelines", "decode_ceiling", "records_per_file",
-           "shard_counts", "simulated_workers", "time_pipeline"]
+           "shard_counts", "time_pipeline"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,8 +153,12 @@ def decode_ceiling(files: Files, image_size: int, n_images: int = 64, repeats: i
 
     The first ``n_images`` records are read into memory first (so storage is not measured),
     then run through :func:`chexnet_utils.pipelines.preprocess` by a tf.data map with no
-    parallelism and batched, consumed by ``Dataset.reduce`` (no Python per image), a private thread pool of one thread and intra-op parallelism 1 (so the
-    resize cannot borrow other cores). One untimed pass over a few images traces the
+    parallelism and batched, consumed by ``Dataset.reduce`` (no Python per image). Its
+    ``tf.data.Options`` keep it on one core: a private thread pool of one thread and intra-op
+    parallelism 1 (so the resize cannot borrow other cores), and TF's two default rewrites
+    that would add parallelism switched off: ``map_parallelization`` (it would parallelise
+    the map, which is stateless in evaluation mode) and ``inject_prefetch`` (it would append
+    a background prefetch; see :mod:`chexnet_utils.pipelines`). One untimed pass over a few images traces the
     function; then ``repeats`` timed passes; the single-core rate is the **best** pass (a
     ceiling should not be lowered by someone else's load).
 
@@ -222,38 +224,8 @@ def decode_ceiling(files: Files, image_size: int, n_images: int = 64, repeats: i
 
 
 # --------------------------------------------------------------------------------------------
-# Horovod workers, simulated on one machine
+# Exact counts: who decodes and keeps what
 # --------------------------------------------------------------------------------------------
-
-def simulated_workers(files: Files, approach: str | PipelineOptions, num_workers: int,
-                      batch_size: int = 16, image_size: int = 224, n_batches: int = 10,
-                      warmup_batches: int = 2, repeats: int = 1, **kwargs: Any
-                      ) -> dict[str, Any]:
-    """Useful throughput of ``num_workers`` Horovod workers, from worker 0's pipeline.
-
-    Builds the training pipeline of worker 0 of ``num_workers`` (``approach``: ``"old"``,
-    ``"new"`` or :class:`PipelineOptions`) and times the images it delivers: its *useful*
-    rate, since images decoded for nothing (the old approach decodes every record and keeps
-    one in N) are never delivered. Returns ``per_worker_img_per_s`` and
-    ``aggregate_img_per_s = per_worker x num_workers``.
-
-    **Assumption**: the workers run on N separate machines, each like this one, with storage
-    that is not the bottleneck; so the N workers do not compete and the aggregate is N times
-    one worker's rate. On one machine they would share its cores. Under that assumption the
-    old approach stays flat (each worker still decodes everything: per-worker rate ~1/N) and
-    the new approach grows ~N-fold (each worker decodes only its own files). ``kwargs`` go to
-    the pipeline builder (e.g. ``shuffle_buffer``, ``seed``).
-    """
-    ds = build_pipeline(approach, files, batch_size, image_size, training=True,
-                        num_workers=num_workers, worker_index=0, **kwargs)
-    res = time_pipeline(ds, n_batches, warmup_batches, repeats)
-    name = approach if isinstance(approach, str) else "options"
-    return {"approach": name, "num_workers": num_workers,
-            "per_worker_img_per_s": res.mean, "per_worker_std": res.std,
-            "aggregate_img_per_s": res.mean * num_workers,
-            "assumption": "one worker per machine; aggregate = per-worker rate x workers"}
-
-
 
 def records_per_file(files: Files) -> list[int]:
     """Number of records in each TFRecord file (read by TensorFlow, nothing decoded)."""

@@ -7,9 +7,6 @@ as ``benchmark.X``; :func:`chexnet_utils.plots.plot_timelines` draws them):
     Per training step: when the batch was requested, when it was ready, when the step
     finished - the "waiting for data" vs "computing" bars of the articles' figures
     (:class:`Timeline`).
-:func:`simulate_timeline`
-    The same with sleeps instead of real work, so the sum-vs-max effect of pipelining
-    (``prefetch``) shows cleanly on any machine.
 :func:`accel_wait_fraction`
     The share of an emulated accelerator's time (a sleep per step, no CPU used) spent
     waiting for the pipeline: the articles' idle GPU.
@@ -30,7 +27,7 @@ from chexnet_utils.bench_timing import block, next_or_none
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["Timeline", "accel_wait_fraction", "record_timeline", "simulate_timeline"]
+__all__ = ["Timeline", "accel_wait_fraction", "record_timeline"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,40 +112,6 @@ def record_timeline(dataset: tf.data.Dataset | Any, step_fn: Callable[[Any], Any
         tl.t_step_done.append(t_done - t0)
     del it
     return tl
-
-
-def simulate_timeline(cpu_ms: float, accel_ms: float, n_steps: int = 8,
-                      pipelined: bool = True) -> Timeline:
-    """A training loop with fake work: the input pipeline "prepares" each batch for
-    ``cpu_ms`` and the "accelerator" computes for ``accel_ms`` (both sleep).
-
-    ``pipelined=False``: a tf.data pipeline without prefetch (TF's automatic prefetch
-    injection switched off), so the batch is made only when asked for - a step costs
-    ``cpu_ms + accel_ms``. ``pipelined=True``: ``.prefetch(1)`` makes the next batch in a
-    background thread while the current step runs - a step costs ``max(cpu_ms, accel_ms)``.
-    Sleeping instead of computing keeps the picture clean on any number of cores.
-    """
-    import tensorflow as tf
-
-    def produce(i):  # type: ignore[no-untyped-def]
-        time.sleep(cpu_ms / 1000.0)
-        return i
-
-    ds = tf.data.Dataset.range(n_steps + 1).map(
-        lambda i: tf.py_function(produce, [i], tf.int64))
-    if pipelined:
-        ds = ds.prefetch(1)
-    opts = tf.data.Options()
-    opts.experimental_optimization.inject_prefetch = False
-    opts.experimental_optimization.map_parallelization = False
-    ds = ds.with_options(opts)
-
-    def step(_batch: Any) -> None:
-        time.sleep(accel_ms / 1000.0)
-
-    return record_timeline(ds, step, n_steps, warmup=1,
-                           label="pipelined (prefetch)" if pipelined else "sequential")
-
 
 
 def accel_wait_fraction(dataset: tf.data.Dataset, accelerator_ms: float, n_steps: int = 20,

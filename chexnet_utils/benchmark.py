@@ -24,14 +24,11 @@ What each measurement answers
     The same, for several pipelines at once, with each pipeline's speed *alone* measured in
     the same alternating runs: is fed training as fast as ``min(pipeline, model)``, or do
     input and model compete for the cores?
-:func:`record_timeline` / :func:`simulate_timeline`
+:func:`record_timeline`
     *When* does the accelerator wait? Per step: when the batch was requested, when it was
     ready, when the step finished - the "waiting for data" vs "computing" bars of the
-    articles' figures. The simulation uses sleeps instead of real work so the
-    sum-vs-max effect of pipelining shows cleanly on any machine.
-:func:`simulated_workers`
-    Does the pipeline scale with Horovod workers? Builds worker 0's pipeline for N workers
-    and multiplies its useful rate by N (see the assumption there).
+    articles' figures (notebook 02 also feeds it a pipeline of sleeps, to show the
+    sum-vs-max effect of pipelining without noise).
 :func:`shard_counts`
     How many images does each of N workers decode, and how many does it keep? (exact
     counts, no timing: the shard-after-decode trap in numbers)
@@ -62,14 +59,12 @@ from chexnet_utils.bench_pipeline import (
     decode_ceiling,
     records_per_file,
     shard_counts,
-    simulated_workers,
     time_pipeline,
 )
 from chexnet_utils.bench_timeline import (
     Timeline,
     accel_wait_fraction,
     record_timeline,
-    simulate_timeline,
 )
 from chexnet_utils.bench_timing import first_batch
 from chexnet_utils.bench_training import (
@@ -83,8 +78,8 @@ from chexnet_utils.bench_training import (
 )
 from chexnet_utils.devices import usable_cores
 from chexnet_utils.pipelines import (
+    DEFAULT_CYCLE_LENGTH,
     DEFAULT_SHUFFLE_BUFFER,
-    PipelineOptions,
     new_approach,
     old_approach,
 )
@@ -108,8 +103,6 @@ __all__ = [
     "record_timeline",
     "records_per_file",
     "shard_counts",
-    "simulate_timeline",
-    "simulated_workers",
     "time_pipeline",
     "time_training",
     "train_step_fn",
@@ -206,7 +199,7 @@ def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size
         "repeats": repeats, "warmup_batches": warmup_batches,
         "shuffle_buffer": shuffle_buffer, "ceiling_images": ceiling["n_images"],
         "train_steps": train_steps, "seed": seed,
-        "new_options": PipelineOptions().describe(),
+        "new_cycle_length": DEFAULT_CYCLE_LENGTH,
         "tensorflow": tf.__version__,
     }
 

@@ -503,6 +503,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Prove that a command's output folders can be written before work that writes late
+    (a benchmark's ``--json``, the first epoch of ``train``, the first notebook of
+    ``tutorial``; ``tfrecords`` checks its own before the scan)."""
+    from chexnet_utils.atomic import require_writable_dir
+
+    json_path = getattr(args, "json", None)
+    if isinstance(json_path, Path):
+        require_writable_dir(json_path.parent)
+    if args.command in ("train", "tutorial"):
+        require_writable_dir(args.out)
+
+
+def _error_line(e: BaseException) -> str:
+    """What is printed for an error: ``<file>: <reason>`` for an operating-system error
+    about a file (no ``[Errno N]``), the message otherwise."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    return str(e) or type(e).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     from chexnet_utils.processes import command_lifetime, exit_status, interruption
@@ -513,9 +534,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # after a SIGKILL (chexnet_utils.processes). `whoami` and `envcheck` start nothing.
     with command_lifetime(watchdog=args.command not in ("whoami", "envcheck")):
         try:
+            _check_outputs(args)
             return handler(args)
-        except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
-            print(f"error: {e}", file=sys.stderr)
+        except (ValueError, OSError, RuntimeError) as e:  # bad input, a read-only or full disk
+            print(f"error: {_error_line(e)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as e:
             print(f"\ninterrupted by {interruption(e)}: stopped its workers; finished work is "

@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -151,8 +152,9 @@ def scale(name: str | None = None) -> Scale:
 def with_overrides(preset: Scale, env: Mapping[str, str]) -> Scale:
     """``preset`` with the fields named in :data:`OVERRIDES` taken from ``env`` where set.
 
-    Raises ``ValueError`` naming the variable when a value does not parse or is not positive
-    (``CHEXNET_ACCEL_MS=0`` is allowed: no emulated accelerator).
+    Raises ``ValueError`` naming the variable when a value does not parse, is not finite
+    (``nan``, ``inf``, ``1e400``) or is not positive (``CHEXNET_ACCEL_MS=0`` is allowed: no
+    emulated accelerator).
     """
     changes: dict[str, int | float] = {}
     for var, (field, kind) in OVERRIDES.items():
@@ -163,6 +165,8 @@ def with_overrides(preset: Scale, env: Mapping[str, str]) -> Scale:
             value = kind(raw)
         except ValueError:
             raise ValueError(f"{var}={raw!r} is not a number ({kind.__name__})") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{var}={raw!r} is not a finite number")
         if value < 0 or (value == 0 and field != "accel_ms"):
             raise ValueError(f"{var}={raw!r} must be positive")
         changes[field] = value
@@ -179,10 +183,29 @@ def data_dir(s: Scale | None = None) -> Path:
 
 
 def work_dir() -> Path:
-    """``CHEXNET_WORK_DIR`` if set, else ``build/`` in the repository (created)."""
+    """``CHEXNET_WORK_DIR`` if set, else ``build/`` in the repository (created).
+
+    With the real data set (:func:`using_real_data`: clinical images and patient ids) the
+    folder is made private to the learner (mode 0700; an existing one of the learner's own
+    loses its group and other permissions), so derived TFRecords and checkpoints are not
+    readable by every account on the host. Raises ``PermissionError`` with one line naming
+    the folder and the variable when it cannot be created or written.
+    """
     env = os.environ.get("CHEXNET_WORK_DIR")
     path = Path(env).expanduser().resolve() if env else repo_root() / "build"
-    path.mkdir(parents=True, exist_ok=True)
+    private = using_real_data()
+    try:
+        path.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
+        st = path.stat()
+        if private and st.st_mode & 0o077 and st.st_uid == os.geteuid():
+            path.chmod(0o700)
+    except OSError as e:
+        raise PermissionError(f"work folder {path} cannot be created or made private "
+                              f"({e.strerror}): set CHEXNET_WORK_DIR to a folder you may "
+                              "write") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"work folder {path} is not writable: set CHEXNET_WORK_DIR to "
+                              "a folder you may write")
     return path
 
 

@@ -9,23 +9,21 @@ much the class score depends on them, and keeps the positive part::
 ``A`` is the output of the last convolutional block (the deepest feature map that still has
 a spatial layout: 4 x 4 for the ``small`` model at 64 px, 7 x 7 for DenseNet-121 at 224 px).
 The map is scaled to [0, 1] and resized to the input image, ready to overlay
-(:func:`chexnet_utils.plots.grad_cam_overlay`). The CheXNet paper showed the same kind of
-map (class activation maps) to localise pathologies.
+(:func:`chexnet_utils.plots.grad_cam_overlay`). The CheXNet paper (Rajpurkar et al. 2017,
+arXiv:1711.05225v3 §6) showed class activation maps (CAM: the last feature maps weighted by
+the classifier's weights), which Grad-CAM at the last feature map of such a model equals up
+to a positive factor. Notebook 03 writes Grad-CAM out in a cell and checks it against
+:func:`grad_cam`.
 
 The models of :func:`chexnet_utils.models.build_chexnet` nest their backbone as one layer
 named ``"backbone"``; :func:`grad_cam` looks inside nested models, so it finds DenseNet-121's
 ``relu``, ResNet-50's ``conv5_block3_out`` and the ``small`` model's ``block4_relu`` by itself.
-
-:func:`most_confident_positive` picks an image worth explaining: the one a model is most
-sure of among the true positives of some classes.
 
 TensorFlow/Keras are imported on first use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,7 +31,7 @@ import numpy as np
 if TYPE_CHECKING:
     import keras
 
-__all__ = ["Example", "grad_cam", "last_conv_layer", "most_confident_positive"]
+__all__ = ["find_layer", "grad_cam", "last_conv_layer", "layer_chain"]
 
 _SEP = "/"
 
@@ -219,63 +217,3 @@ def grad_cam(model: keras.Model, image: np.ndarray | Any, class_index: int,
         cam = tf.image.resize(cam[..., None].astype(np.float32), x.shape[1:3],
                               method="bilinear").numpy()[..., 0]
     return np.clip(cam, 0.0, 1.0).astype(np.float32)
-
-
-@dataclass
-class Example:
-    """One image of a split with the model's view of it (see :func:`most_confident_positive`)."""
-
-    image: np.ndarray
-    """The preprocessed image ``(H, W, C)``, as the model takes it."""
-    label: np.ndarray
-    """Its multi-hot label ``(num_classes,)``."""
-    probabilities: np.ndarray
-    """The model's output for it ``(num_classes,)``."""
-    class_index: int
-    """The class it was picked for (a true positive)."""
-    name: str | None = None
-    """Image file name, when the dataset yields names (``with_names=True``)."""
-
-    @property
-    def probability(self) -> float:
-        """The model's output for :attr:`class_index`."""
-        return float(self.probabilities[self.class_index])
-
-
-def most_confident_positive(model: keras.Model, dataset: Iterable[Any],
-                            class_indices: Sequence[int] | None = None,
-                            max_batches: int | None = None) -> Example:
-    """The true positive the model is most confident about: over the images of ``dataset``
-    and the classes ``class_indices`` (default: all) where the label is 1, the (image,
-    class) with the highest predicted probability.
-
-    ``dataset`` yields batches ``(images, labels)`` or ``(images, labels, names)`` (an
-    evaluation pipeline, e.g. ``new_approach(..., training=False, with_names=True)``);
-    ``max_batches`` stops early on a big split. Raises ``ValueError`` when no image is
-    positive for any of the classes.
-    """
-    best: Example | None = None
-    for i, batch in enumerate(dataset):
-        if max_batches is not None and i >= max_batches:
-            break
-        images = np.asarray(batch[0])
-        labels = np.asarray(batch[1]) >= 0.5
-        probs = np.asarray(model.predict_on_batch(images), dtype=np.float64)
-        n_classes = labels.shape[1]
-        mask = np.ones(n_classes, dtype=bool) if class_indices is None else \
-            np.isin(np.arange(n_classes), list(class_indices))
-        scores = np.where(labels & mask, probs, -np.inf)
-        row, col = np.unravel_index(int(np.argmax(scores)), scores.shape)
-        if not np.isfinite(scores[row, col]):
-            continue
-        if best is None or scores[row, col] > best.probability:
-            name = None
-            if len(batch) > 2:
-                raw = np.asarray(batch[2])[row]
-                name = raw.decode() if isinstance(raw, bytes) else str(raw)
-            best = Example(image=images[row].copy(), label=labels[row].astype(np.float32),
-                           probabilities=probs[row].astype(np.float32),
-                           class_index=int(col), name=name)
-    if best is None:
-        raise ValueError("no image in the dataset is positive for the requested classes")
-    return best

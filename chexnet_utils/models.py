@@ -1,4 +1,4 @@
-"""CheXNet and its smaller siblings, the weighted loss of the paper, and AUROC.
+"""CheXNet and its smaller siblings, a class-weighted loss, and AUROC.
 
 What is here
 ------------
@@ -14,8 +14,10 @@ What is here
   (``hvd.DistributedGradientTape`` works on Keras 3 only when asked for the gradients of the
   variables' ``.value``; ``hvd.keras.DistributedOptimizer`` runs but does not average on
   Keras 3: :mod:`chexnet_utils.horovod_keras`.)
-* :func:`class_weights_from_prevalence` and :class:`WeightedBCE` - the weighted binary
-  cross-entropy of the CheXNet paper.
+* :func:`class_weights_from_prevalence` and :class:`WeightedBCE` - a weighted binary
+  cross-entropy against class imbalance: the weighting the CheXNet paper defines for its
+  binary pneumonia model (arXiv:1711.05225v3 §2.1) applied to each of the 14 classes. (The
+  paper's 14-class model optimises "the sum of unweighted binary cross entropy losses", §5.)
 * :func:`per_class_auroc`, :func:`mean_auroc` (exact: scikit-learn's ``roc_auc_score``,
   with NaN for a class lacking positives or negatives), :func:`roc_curve` (scikit-learn's
   points whose area they are) and :class:`MeanAUROC` (Keras' thresholded estimate, for
@@ -209,15 +211,16 @@ def mean_auroc(y_true: np.ndarray | Sequence[Sequence[float]] | Mapping[str, flo
 
 
 # --------------------------------------------------------------------------------------------
-# Class weights of the paper
+# Class weights (the CheXNet paper's pneumonia weighting, per class)
 # --------------------------------------------------------------------------------------------
 
 def class_weights_from_prevalence(prevalence: Sequence[float] | np.ndarray,
                                   n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per-class weights ``(w_pos, w_neg)`` of CheXNet's weighted binary cross-entropy.
+    """Per-class weights ``(w_pos, w_neg)`` of a weighted binary cross-entropy.
 
-    The paper (Rajpurkar et al. 2017, section 2.2) weights each class ``c`` by the numbers of
-    positive (``|P_c|``) and negative (``|N_c|``) training images::
+    The CheXNet paper (Rajpurkar et al. 2017, arXiv:1711.05225v3 §2.1) weights its binary
+    pneumonia loss by the numbers of positive (``|P|``) and negative (``|N|``) training
+    images; applied to each class ``c`` (the paper's 14-class model is unweighted, §5)::
 
         w+_c = |N_c| / (|P_c| + |N_c|)      (the fraction of negatives)
         w-_c = |P_c| / (|P_c| + |N_c|)      (the fraction of positives = prevalence)
@@ -322,7 +325,8 @@ def _keras_classes() -> dict[str, type]:
             return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     class WeightedBCE(keras.losses.Loss):
-        """CheXNet's weighted binary cross-entropy on sigmoid probabilities.
+        """A class-weighted binary cross-entropy on sigmoid probabilities (the CheXNet
+        paper's pneumonia weighting, §2.1, for each of the 14 classes).
 
         Per image and class ``c``, with ``p`` the predicted probability and ``y`` in {0, 1}::
 

@@ -9,8 +9,10 @@ a figure in a markdown cell is computed by this run or labelled with its source.
 
 from __future__ import annotations
 
+import math
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 CHECK_MARK = "NBVAL_CHECK_OUTPUT"
@@ -32,6 +34,8 @@ def clean_notebook(path: Path, execute: bool = False, timeout: int = 1800) -> No
     """
     import nbformat
 
+    from chexnet_utils.atomic import atomic_path
+
     nb = nbformat.read(path, as_version=4)
     if execute:
         from nbclient import NotebookClient
@@ -49,7 +53,8 @@ def clean_notebook(path: Path, execute: bool = False, timeout: int = 1800) -> No
             # nbval needs a checked cell's execution count ("unrun reference cell" otherwise)
             cell.execution_count = None
             cell.outputs = []
-    nbformat.write(nb, path)
+    with atomic_path(path) as tmp:  # the committed notebook: never left half-written
+        nbformat.write(nb, tmp)
 
 
 def hygiene_problems(path: Path) -> list[str]:
@@ -99,6 +104,27 @@ def notebook_of(nodeid: str) -> str | None:
     ``notebooks/02_x.ipynb``), or ``None`` for an ordinary test."""
     path = nodeid.split("::", 1)[0]
     return path if path.endswith(".ipynb") else None
+
+
+BUDGET_ENV = "CHEXNET_TEST_BUDGET_MIN"
+DEFAULT_BUDGET_MIN = 20.0
+
+
+def budget_minutes(environ: Mapping[str, str] | None = None) -> float:
+    """The test suite's time budget in minutes: ``CHEXNET_TEST_BUDGET_MIN``, default 20.
+
+    Raises ``ValueError`` naming the variable for anything but a positive finite number
+    (checked when pytest starts, not after a 20-minute run)."""
+    raw = (os.environ if environ is None else environ).get(BUDGET_ENV, "").strip()
+    if not raw:
+        return DEFAULT_BUDGET_MIN
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{BUDGET_ENV}={raw!r} is not a positive number of minutes")
+    return value
 
 
 def format_wall_times(times: dict[str, float], other_seconds: float = 0.0,

@@ -27,6 +27,7 @@ Needs root and ``ip`` (iproute2); :func:`unavailable_reason` says why not otherw
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -72,7 +73,9 @@ esac
 # A node's own temporary folder: Open MPI's session directory (shared-memory segments named
 # after the host name, which both "nodes" share) must not be shared with the other node.
 TMPDIR="$tmp"; export TMPDIR
-exec ip netns exec "$ns" unshare --uts /bin/sh -c "hostname $name && $*"
+# The command is a string for a shell, as ssh passes it; the host name is an argument.
+exec ip netns exec "$ns" unshare --uts /bin/sh -c 'hostname "$1" && exec /bin/sh -c "$2"' \
+  sh "$name" "$*"
 """
 
 
@@ -358,6 +361,17 @@ class TwoNodes:
         return out
 
 
+def agent_script(nodes: TwoNodes) -> str:
+    """The launch agent's text for ``nodes``: every value written into it shell-quoted
+    (``shlex.quote``), so a temporary folder with a space or a quote stays one word."""
+    q = shlex.quote
+    cases = "\n".join(f"  {q(name)}|{q(ip_addr)}) ns={q(ns)}; name={q(name)}; "
+                      f"tmp={q(str(nodes.tmpdir(i)))} ;;"
+                      for i, (name, ip_addr, ns)
+                      in enumerate(zip(nodes.names, nodes.ips, nodes.namespaces)))
+    return _AGENT.replace("{cases}", cases)
+
+
 def _build(nodes: TwoNodes) -> None:
     a, b = nodes.namespaces
     for ns in (a, b):
@@ -377,10 +391,7 @@ def _build(nodes: TwoNodes) -> None:
         (d / "hosts").write_text(hosts, encoding="utf-8")
     for i in (0, 1):
         nodes.tmpdir(i).mkdir()
-    cases = "\n".join(f"  {name}|{ip_addr}) ns={ns}; name={name}; tmp={nodes.tmpdir(i)} ;;"
-                      for i, (name, ip_addr, ns)
-                      in enumerate(zip(nodes.names, nodes.ips, nodes.namespaces)))
-    nodes.agent.write_text(_AGENT.replace("{cases}", cases), encoding="utf-8")
+    nodes.agent.write_text(agent_script(nodes), encoding="utf-8")
     nodes.agent.chmod(0o755)
     nodes.bin_dir.mkdir(exist_ok=True)
     (nodes.bin_dir / "ssh").symlink_to(nodes.agent)
@@ -400,6 +411,10 @@ def two_nodes(prefix: str | None = None, subnet: str = "10.77.0", prefix_len: in
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(f"cannot build two network namespaces: {reason}")
+    if any(c.isspace() for c in tempfile.gettempdir()):  # the agent's path is split there
+        raise RuntimeError(f"the temporary folder {tempfile.gettempdir()!r} contains "
+                           "whitespace, which Open MPI's plm_rsh_agent cannot take: set "
+                           "TMPDIR to a folder without")
     prefix = prefix or new_prefix()
     workdir = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
     nodes = TwoNodes(prefix, (f"{subnet}.1", f"{subnet}.2"), workdir, prefix_len)

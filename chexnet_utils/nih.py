@@ -22,10 +22,11 @@ Every problem in the input raises :class:`DataFormatError` naming the file and t
 from __future__ import annotations
 
 import csv
+import io
 import random
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,18 +127,42 @@ def _parse_optional(text: str, kind: type, what: str, path: Path, row: int):  # 
         raise DataFormatError(path, f"{what} is not a number: {text!r}", row) from None
 
 
+def _read_utf8(path: Path, encoding: str = "utf-8") -> str:
+    """The text of ``path``; :class:`DataFormatError` naming the row and byte offset of the
+    first byte that is not UTF-8 (a copy re-saved as Latin-1 or Windows-1252, say)."""
+    data = path.read_bytes()
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        row = data.count(b"\n", 0, e.start) + 1
+        raise DataFormatError(path, f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
+                              f"{e.start} (convert the file to UTF-8, e.g. iconv -f latin1 "
+                              "-t utf-8)", row) from None
+
+
+def _csv_rows(path: Path, f: Iterable[str]) -> Iterator[list[str]]:
+    """``csv.reader(f)``, its ``csv.Error`` (a NUL byte, a field over
+    ``csv.field_size_limit()``) raised as :class:`DataFormatError` with the row."""
+    reader = csv.reader(f)
+    try:
+        yield from reader
+    except csv.Error as e:
+        raise DataFormatError(path, f"not a CSV file: {e}", reader.line_num) from None
+
+
 def read_data_entry(path: Path | str) -> list[ImageRecord]:
     """Parse ``Data_Entry_2017.csv`` (or a copy in the same format) into records.
 
     Accepts the 11-field layout, a trailing comma on every row, and ``Patient Sex`` for
-    ``Patient Gender``. Raises :class:`DataFormatError` for a missing file or column, a row
-    without an image name, a malformed number, an unknown label, or a duplicate image name.
+    ``Patient Gender``. Raises :class:`DataFormatError` for a missing file or column, text
+    that is not UTF-8 or not CSV, a row without an image name, a malformed number, an unknown
+    label, or a duplicate image name.
     """
     path = Path(path)
     if not path.is_file():
         raise DataFormatError(path, "metadata file not found")
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
+    with io.StringIO(_read_utf8(path, "utf-8-sig"), newline="") as f:
+        reader = _csv_rows(path, f)
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
@@ -216,7 +241,7 @@ def read_split_list(path: Path | str) -> list[str]:
                                     "test_list.txt next to Data_Entry_2017.csv)")
     names: list[str] = []
     seen: dict[str, int] = {}
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for line_no, line in enumerate(_read_utf8(path).splitlines(), start=1):
         name = line.strip()
         if not name:
             continue

@@ -24,30 +24,38 @@ distributed inputs and only the speed differs. Both take the same arguments (sha
 batch size, image size, training/eval mode, ``num_workers`` / ``worker_index``) so that under
 Horovod each process calls them with ``num_workers=hvd.size(), worker_index=hvd.rank()``.
 
-:class:`PipelineOptions` has one switch per change of the new approach; with every switch
-off, :func:`new_approach` behaves like :func:`old_approach`, and :func:`ablation_steps`
-turns the switches on one at a time so the notebook can measure what each change is worth.
+Notebook 02 writes both pipelines in its own cells (with one switch per change of the new
+approach, for its ablation) and checks that they deliver the same elements as these; these
+are the copies the benchmarks (``python -m chexnet_utils bench pipelines``, ``make bench``),
+the training code, notebook 04's scaling runs and the CLI (``--pipeline old|new``) use.
 
 Element structure: batches of ``(image, label)`` with ``image`` float32
 ``[batch, S, S, 3]`` and ``label`` float32 ``[batch, 14]``; with ``with_names=True``
 ``(image, label, name)`` where ``name`` is the NIH image name (string ``[batch]``), which the
 tests use to prove that both pipelines deliver the same examples.
 
-Two TensorFlow defaults that would blur the comparison
-------------------------------------------------------
-* ``tf.data`` *silently parallelises stateless maps* (static optimisation
-  ``map_parallelization``, on by default since TF 2.x). Decoding is stateless, so without
-  precautions the "sequential" map of the old approach would run on all cores in eval mode.
-  Pipelines that model "no parallel map" switch that optimisation off.
-* ``tf.data`` *injects a prefetch* at the end of a pipeline whose last step is synchronous
-  (``inject_prefetch``). Both builders end in an explicit prefetch, so it never applies here;
-  :mod:`chexnet_utils.bench_pipeline` switches it off where it simulates a non-pipelined loop.
+Two TensorFlow defaults, and what the old approach does about them
+------------------------------------------------------------------
+TensorFlow 2.x rewrites every pipeline before it runs; two of its default rewrites
+(``tf.data.experimental.OptimizationOptions``, TF 2.21: "If None, defaults to True") matter
+here:
+
+* ``map_parallelization`` turns a ``map`` without ``num_parallel_calls`` into a parallel map
+  (``AUTOTUNE``) when the mapped function is stateless (grappler pass
+  ``tensorflow/core/grappler/optimizers/data/map_parallelization.cc``). Decoding is
+  stateless; the random flip is not, so in training mode TF leaves the old approach's map
+  alone, but in evaluation mode it would run it on all cores. :func:`old_approach` therefore
+  sets ``map_parallelization = False`` explicitly (``_old_approach_options``): its map is
+  sequential in both modes, so the benchmarks time what one-core decoding costs. Notebook 02 shows the rule live (its "TF's defaults" cell).
+* ``inject_prefetch`` appends ``prefetch(AUTOTUNE)`` when the last transformation is not a
+  prefetch (``inject_prefetch.cc``). Both builders end in an explicit prefetch, so it never
+  applies to them; :func:`chexnet_utils.bench_pipeline.decode_ceiling` switches both
+  rewrites off because it measures one core.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
 from os import PathLike
 from typing import TYPE_CHECKING, Any
 
@@ -63,8 +71,6 @@ __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
-    "PipelineOptions",
-    "ablation_steps",
     "build_pipeline",
     "decode_resize",
     "new_approach",
@@ -223,22 +229,16 @@ def _check_common(files: Files, batch_size: int, image_size: int, num_workers: i
     return names
 
 
-def _map(ds: tf.data.Dataset, fn: Any, num_parallel_calls: int | None,
-         deterministic: bool) -> tf.data.Dataset:
-    """``ds.map(fn)``, parallel when ``num_parallel_calls`` is given."""
-    if num_parallel_calls is None:
-        return ds.map(fn)
-    return ds.map(fn, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
-
-
-def _tf_options(parallel_map: bool) -> tf.data.Options:
+def _old_approach_options() -> tf.data.Options:
+    """The ``tf.data.Options`` of :func:`old_approach`: TF's automatic map parallelisation
+    off (it is on by default in TF 2.x and would parallelise the sequential map whenever the
+    mapped function is stateless, i.e. in evaluation mode). Everything else stays TF's
+    default; ``inject_prefetch`` has nothing to do (the pipeline ends in a prefetch)."""
     import tensorflow as tf
 
-    opts = tf.data.Options()
-    if not parallel_map:
-        # Keep a sequential map sequential: TF would otherwise parallelise stateless maps.
-        opts.experimental_optimization.map_parallelization = False
-    return opts
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = False
+    return options
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,6 +282,10 @@ def old_approach(files: Files, batch_size: int, image_size: int, training: bool 
       thread: prefetching only overlaps the producer with the consumer, it cannot make the
       producer faster.
 
+    It ends with ``.with_options(_old_approach_options())``: TF's automatic
+    ``map_parallelization`` off, so step 2 stays on one core in evaluation mode too (see the
+    module docstring; in training mode the random flip already keeps TF from parallelising it).
+
     Arguments as :func:`new_approach`. ``repeat=None`` means repeat in training, not in
     evaluation. Evaluation (``training=False``) does not shuffle or flip and keeps the last
     partial batch. The order of examples is deterministic (everything is sequential).
@@ -299,106 +303,19 @@ def old_approach(files: Files, batch_size: int, image_size: int, training: bool 
         ds = ds.repeat()
     ds = ds.batch(batch_size)
     ds = ds.prefetch(batch_size)
-    return ds.with_options(_tf_options(parallel_map=False))
+    return ds.with_options(_old_approach_options())  # keep step 2 on one core
 
 
 # --------------------------------------------------------------------------------------------
-# The new approach, switch by switch
+# The new approach
 # --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PipelineOptions:
-    """One switch per change from the old approach to the new one.
-
-    The defaults are the full new approach. :meth:`old_equivalent` turns every change off,
-    which makes :func:`new_approach` behave like :func:`old_approach` (same steps in the same
-    order, same examples per worker). :func:`ablation_steps` goes from one to the other.
-    """
-
-    shard_files_first: bool = True
-    """Shard the list of *file names* before reading anything, so each worker opens only its
-    own files (``len(files) >= num_workers`` needed). Off: shard decoded images, as the old
-    approach does. This switch also moves the record shuffle and the repeat before decoding:
-    the cheap encoded records are shuffled, then decoded."""
-    shuffle_files: bool = True
-    """Training only: shuffle the (per-worker) file names every epoch, so the files, and not
-    only the records within the shuffle buffer, come in a new order."""
-    parallel_interleave: bool = True
-    """Read ``cycle_length`` files at once with a parallel ``interleave`` (off: one file
-    after the other, like ``TFRecordDataset(files)``)."""
-    cycle_length: int = DEFAULT_CYCLE_LENGTH
-    """Files read concurrently when ``parallel_interleave`` is on."""
-    record_prefetch: bool = True
-    """Prefetch about one mini-batch of raw records after reading: the readers run ahead of
-    the decoders instead of in lock-step with them."""
-    parallel_map: bool = True
-    """Parse + decode + preprocess with ``num_parallel_calls`` (off: one image at a time,
-    and TF's automatic map parallelisation is switched off as well)."""
-    num_parallel_calls: int = AUTOTUNE
-    """Parallel calls of the map when ``parallel_map`` is on (``AUTOTUNE`` = let tf.data pick,
-    up to the number of cores)."""
-    vectorized_map: bool = False
-    """Batch the raw records first, then parse + decode + preprocess whole batches
-    (:func:`preprocess_batch`). An alternative to the default map-then-batch (which tf.data
-    fuses into one ``map_and_batch`` step, the TF1 recipe), not part of the new approach."""
-    final_prefetch: bool = True
-    """End with ``prefetch(AUTOTUNE)``: ready batches wait for the accelerator, and tf.data
-    sizes the buffer (off: ``prefetch(batch_size)``, the old approach's mistake)."""
-    deterministic: bool = False
-    """Keep the order of elements through parallel steps. ``False`` lets a fast element
-    overtake a slow one (a small PNG decoded in parallel with a large one), so one slow
-    image does not stall the batch. Only matters when something runs in parallel."""
-
-    @classmethod
-    def old_equivalent(cls) -> PipelineOptions:
-        """Every change off: :func:`new_approach` then behaves like :func:`old_approach`."""
-        return cls(shard_files_first=False, shuffle_files=False, parallel_interleave=False,
-                   record_prefetch=False, parallel_map=False, vectorized_map=False,
-                   final_prefetch=False, deterministic=True)
-
-    def describe(self) -> dict[str, Any]:
-        """The switches as a plain dict (for tables and JSON)."""
-        return asdict(self)
-
-
-def ablation_steps(include_vectorized: bool = False) -> list[tuple[str, PipelineOptions]]:
-    """From the old approach to the new one, one change per step: ``[(label, options), ...]``.
-
-    Step 0 is :meth:`PipelineOptions.old_equivalent`; each later step switches on one more
-    change; the last (without ``include_vectorized``) equals ``PipelineOptions()``, the full
-    new approach. ``include_vectorized=True`` appends the batch-then-vectorised-map variant
-    as an extra step. The order follows the articles' recipe: first stop decoding other
-    workers' images, then read in parallel, then decode in parallel, then overlap.
-    """
-    o = PipelineOptions.old_equivalent()
-    steps: list[tuple[str, PipelineOptions]] = [("old-equivalent", o)]
-    changes: list[tuple[str, dict[str, Any]]] = [
-        ("+ shard file names first", {"shard_files_first": True}),
-        ("+ shuffle file names", {"shuffle_files": True}),
-        ("+ parallel interleave", {"parallel_interleave": True}),
-        ("+ prefetch records", {"record_prefetch": True}),
-        ("+ parallel map", {"parallel_map": True}),
-        ("+ prefetch(AUTOTUNE)", {"final_prefetch": True}),
-        ("+ non-deterministic order (= new)", {"deterministic": False}),
-    ]
-    for label, change in changes:
-        o = replace(o, **change)
-        steps.append((label, o))
-    assert steps[-1][1] == PipelineOptions(), "the last step must be the full new approach"
-    if include_vectorized:
-        steps.append(("+ batch, then vectorised map", replace(o, vectorized_map=True)))
-    return steps
-
 
 def new_approach(files: Files, batch_size: int, image_size: int, training: bool = True,
                  num_workers: int = 1, worker_index: int = 0,
-                 options: PipelineOptions | None = None,
                  shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, repeat: bool | None = None,
                  seed: int | None = None, with_names: bool = False,
                  antialias: bool = False) -> tf.data.Dataset:
-    """The "new approach" (TensorFlow official ResNet ``input_fn``), in TF2 idioms.
-
-    With the default :class:`PipelineOptions`::
+    """The "new approach" (TensorFlow official ResNet ``input_fn``), in TF2 idioms::
 
         Dataset.from_tensor_slices(files)      # 1. the file names, not their contents
         .shard(num_workers, worker_index)      # 2. FIRST: each worker keeps its own files
@@ -417,7 +334,8 @@ def new_approach(files: Files, batch_size: int, image_size: int, training: bool 
     the work in the same time; (3)+(6) two-level shuffling gives a good mix while the buffer
     only holds compressed bytes; (4)+(5) several readers hide storage latency; (8) decoding -
     the expensive part - uses all cores; (10) the CPU prepares batch N+1 while the accelerator
-    computes batch N, so a step costs max(CPU, accelerator) instead of their sum.
+    computes batch N, so a step costs max(CPU, accelerator) instead of their sum. Notebook 02
+    builds it one change at a time (its ablation) and checks its own version against this one.
 
     Arguments
     ---------
@@ -434,8 +352,6 @@ def new_approach(files: Files, batch_size: int, image_size: int, training: bool 
         partial batch kept.
     num_workers, worker_index
         ``hvd.size()`` and ``hvd.rank()`` under Horovod.
-    options
-        :class:`PipelineOptions` (default: all changes on).
     shuffle_buffer
         Records in the record shuffle buffer (training only).
     repeat
@@ -446,97 +362,44 @@ def new_approach(files: Files, batch_size: int, image_size: int, training: bool 
         Also yield the image names (``(image, label, name)``).
     antialias
         Antialiased resize (see :func:`decode_resize`).
-
-    Correctness notes: with ``shard_files_first=False`` the records are sharded after
-    decoding, like the old approach. A record-level ``shard`` is a partition only if every
-    worker sees the records in the *same* order, so in that mode everything upstream of the
-    shard runs deterministically, and the file shuffle (if on) uses a seed all workers share
-    (``seed``, or 0 when ``seed`` is None and ``num_workers > 1``).
     """
     import tensorflow as tf
 
-    o = options or PipelineOptions()
     names = _check_common(files, batch_size, image_size, num_workers, worker_index)
     repeat = training if repeat is None else repeat
-    if o.shard_files_first and len(names) < num_workers:
+    if len(names) < num_workers:
         raise ValueError(
             f"{len(names)} TFRecord file(s) cannot be sharded over {num_workers} workers: each "
             f"worker needs at least one file. Convert with more shards (e.g. `python -m "
             f"chexnet_utils tfrecords --shard-size N` with a smaller N; ideally a multiple of "
             f"{num_workers} shards), or use fewer workers.")
-    if o.cycle_length < 1:
-        raise ValueError(f"cycle_length must be >= 1, got {o.cycle_length}")
+    fn = example_fn(image_size, training, seed, with_names, antialias, batched=False)
 
-    # Upstream of a record-level shard every worker must see the same order.
-    upstream_deterministic = o.deterministic or not o.shard_files_first
-    fn = example_fn(image_size, training, seed, with_names, antialias,
-                     batched=o.vectorized_map)
-    map_calls = o.num_parallel_calls if o.parallel_map else None
-
-    # 1.-3. file names
-    ds = tf.data.Dataset.from_tensor_slices(names)
-    if o.shard_files_first:
-        ds = ds.shard(num_workers, worker_index)
-    if training and o.shuffle_files:
-        file_seed = seed
-        if not o.shard_files_first and num_workers > 1 and file_seed is None:
-            file_seed = 0  # all workers must agree on the file order before a record shard
-        ds = ds.shuffle(len(names), seed=file_seed, reshuffle_each_iteration=True)
-
-    # 4.-5. records
-    if o.parallel_interleave:
-        ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=o.cycle_length,
-                           block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
-                           deterministic=upstream_deterministic)
-    else:
-        ds = ds.flat_map(tf.data.TFRecordDataset)  # = TFRecordDataset(files): one by one
-    if o.record_prefetch:
-        ds = ds.prefetch(batch_size)
-
-    if o.shard_files_first:
-        # 6.-9. shuffle and repeat the cheap records, then decode (and batch)
-        if training:
-            ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        if repeat:
-            ds = ds.repeat()
-        if o.vectorized_map:
-            ds = ds.batch(batch_size, drop_remainder=training)
-            ds = _map(ds, fn, map_calls, o.deterministic)
-        else:
-            ds = _map(ds, fn, map_calls, o.deterministic)
-            ds = ds.batch(batch_size, drop_remainder=training)
-    else:
-        # the old order: decode everything, keep 1/N, shuffle decoded images, repeat, batch
-        if o.vectorized_map:
-            # Batch-decode in groups, unbatch for the record-level shard.
-            ds = ds.batch(batch_size)
-            ds = _map(ds, fn, map_calls, True)
-            ds = ds.unbatch()
-        else:
-            ds = _map(ds, fn, map_calls, True)
-        ds = ds.shard(num_workers, worker_index)
-        if training:
-            ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        if repeat:
-            ds = ds.repeat()
-        ds = ds.batch(batch_size)  # the old approach keeps the last partial batch
-
-    # 10. overlap the CPU with the accelerator
-    ds = ds.prefetch(tf.data.AUTOTUNE if o.final_prefetch else batch_size)
-    return ds.with_options(_tf_options(parallel_map=o.parallel_map))
+    ds = tf.data.Dataset.from_tensor_slices(names)                          # 1.
+    ds = ds.shard(num_workers, worker_index)                                # 2.
+    if training:
+        ds = ds.shuffle(len(names), seed=seed, reshuffle_each_iteration=True)  # 3.
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=DEFAULT_CYCLE_LENGTH,  # 4.
+                       block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    ds = ds.prefetch(batch_size)                                            # 5.
+    if training:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)  # 6.
+    if repeat:
+        ds = ds.repeat()                                                    # 7.
+    ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)  # 8.
+    ds = ds.batch(batch_size, drop_remainder=training)                      # 9.
+    return ds.prefetch(tf.data.AUTOTUNE)                                    # 10.
 
 
-def build_pipeline(approach: str | PipelineOptions, files: Files, batch_size: int,
-                   image_size: int, **kwargs: Any) -> tf.data.Dataset:
-    """``"old"`` -> :func:`old_approach`; ``"new"`` or a :class:`PipelineOptions` ->
-    :func:`new_approach` (with those options). ``kwargs`` go to the builder."""
-    if isinstance(approach, PipelineOptions):
-        return new_approach(files, batch_size, image_size, options=approach, **kwargs)
+def build_pipeline(approach: str, files: Files, batch_size: int, image_size: int,
+                   **kwargs: Any) -> tf.data.Dataset:
+    """``"old"`` -> :func:`old_approach`, ``"new"`` -> :func:`new_approach` (the CLI's
+    ``--pipeline``); ``kwargs`` go to the builder."""
     if approach == "old":
         return old_approach(files, batch_size, image_size, **kwargs)
     if approach == "new":
         return new_approach(files, batch_size, image_size, **kwargs)
-    raise ValueError(f"approach must be 'old', 'new' or a PipelineOptions, got {approach!r}")
+    raise ValueError(f"approach must be 'old' or 'new', got {approach!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -570,15 +433,3 @@ def to_accelerator(ds: tf.data.Dataset, device: str | None,
     import tensorflow as tf
 
     return ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size))
-
-
-def file_names(ds: tf.data.Dataset) -> list[str]:
-    """The base names (no folder) of the paths a dataset of file names yields, in its order.
-
-    For showing what a file-level ``shard`` or ``shuffle`` hands to a worker:
-    ``file_names(names.shard(2, 0))``.
-    """
-    from pathlib import Path
-
-    return [Path(n.decode() if isinstance(n, bytes) else str(n)).name
-            for n in ds.as_numpy_iterator()]

@@ -426,18 +426,31 @@ def _paths_in_use() -> set[str]:
 
 def orphan_shm_segments(since: float = 0.0, prefix: str = "vader_segment.",
                         shm_dir: str = "/dev/shm") -> list[str]:
-    """Open MPI shared-memory segments (``/dev/shm/vader_segment.*``) changed at or after
-    ``since`` (a ``time.time()``) that no process has open or mapped any more.
+    """This account's Open MPI shared-memory segments (``/dev/shm/vader_segment.*``) changed
+    at or after ``since`` (a ``time.time()``) that no process has open or mapped any more.
 
     Open MPI removes its segments when its ranks end normally; a rank killed with SIGKILL
     (a dead worker, a cancelled job, a test of exactly that) leaves its segment behind, 4 MiB
-    of RAM each. A segment nobody maps can no longer be used: it is garbage.
+    of RAM each. A segment nobody maps can no longer be used: it is garbage. Only segments
+    owned by this process's user are considered: another account's processes cannot be
+    looked into (``/proc/PID/maps`` is private), so its live segments would look unused,
+    and they are not ours to delete (not even as root).
     """
+    me = os.geteuid()
+    found: list[str] = []
     try:
-        found = [e.path for e in os.scandir(shm_dir)
-                 if e.name.startswith(prefix) and e.stat().st_mtime >= since]
+        entries = list(os.scandir(shm_dir))
     except OSError:
         return []
+    for e in entries:
+        if not e.name.startswith(prefix):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:                  # gone meanwhile
+            continue
+        if st.st_uid == me and e.is_file(follow_symlinks=False) and st.st_mtime >= since:
+            found.append(e.path)
     if not found:
         return []
     used = _paths_in_use()
@@ -446,10 +459,11 @@ def orphan_shm_segments(since: float = 0.0, prefix: str = "vader_segment.",
 
 def remove_orphan_shm_segments(since: float = 0.0, prefix: str = "vader_segment.",
                                shm_dir: str = "/dev/shm") -> list[str]:
-    """Delete :func:`orphan_shm_segments` and return their paths."""
+    """Delete :func:`orphan_shm_segments` and return the paths removed. Never raises: a
+    segment that cannot be removed (gone meanwhile, not ours after all) is left alone."""
     removed = []
     for path in orphan_shm_segments(since, prefix, shm_dir):
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.unlink(path)
             removed.append(path)
     return removed

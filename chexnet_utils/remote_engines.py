@@ -16,8 +16,10 @@ three things matter:
 
 ``launch`` is the command prefix that runs a program on the engines' host: ``["ssh",
 "node17"]`` on a cluster, ``["ip", "netns", "exec", "nodeB"]`` for a simulated host here
-(:mod:`chexnet_utils.netns`). The engine connection file must be readable there (a shared
-home directory on a cluster; the same file system here)::
+(:mod:`chexnet_utils.netns`). The engines read the engine connection file at its path on
+their host, so the private profile folder is made in ``profile_parent``: by default this
+machine's temporary folder (enough for namespaces, which share the file system), on a
+cluster a folder of the shared file system (e.g. in ``$HOME``)::
 
     with RemoteEngines(ip="10.77.0.1", n=1, launch=["ip", "netns", "exec", "nodeB"]) as rc:
         rc.view.apply_sync(socket.gethostname)
@@ -43,16 +45,20 @@ from chexnet_utils.processes import alive, wait_gone
 
 class RemoteEngines:
     """A controller on ``ip`` (CurveZMQ on unless ``curve=False``) and ``n`` engines started
-    with ``launch``; a context manager that always tears everything down."""
+    with ``launch``, the connection files in a private folder made in ``profile_parent``
+    (default: the temporary folder; the engines' host must see it at the same path); a
+    context manager that always tears everything down."""
 
     def __init__(self, ip: str, n: int = 1, launch: Sequence[str] = (), curve: bool = True,
-                 engine_timeout: float = 60, env: Mapping[str, str] | None = None) -> None:
+                 engine_timeout: float = 60, env: Mapping[str, str] | None = None,
+                 profile_parent: str | os.PathLike[str] | None = None) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         check_listen_address(ip)
         self.ip, self.n, self.launch, self.curve = ip, n, list(launch), curve
         self.engine_timeout = engine_timeout
         self.env = dict(env or {})
+        self.profile_parent = os.fspath(profile_parent) if profile_parent is not None else None
         self.cluster: Any = None
         self.client: Any = None
         self.view: Any = None
@@ -97,7 +103,8 @@ class RemoteEngines:
 
         if self.cluster is not None:
             raise RuntimeError("already started")
-        self.profile_dir = tempfile.mkdtemp(prefix="chexnet-remote-")  # mode 0700
+        self.profile_dir = tempfile.mkdtemp(prefix="chexnet-remote-",  # mode 0700
+                                            dir=self.profile_parent)
         cfg = Config()
         cfg.LocalControllerLauncher.environment = {
             **self.env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}

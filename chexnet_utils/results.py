@@ -7,12 +7,15 @@ are saved next to it by :func:`save_figure`.
 
 from __future__ import annotations
 
+import fcntl
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from chexnet_utils.atomic import json_safe, write_json_atomic
+from chexnet_utils.atomic import atomic_path, json_safe, write_json_atomic
 from chexnet_utils.config import work_dir
 
 
@@ -44,15 +47,30 @@ def record(notebook: str, values: Mapping[str, Any], path: Path | None = None) -
     written as ``null``.
     """
     path = path or results_path()
-    data = load(path)
-    data.setdefault(notebook, {}).update(json_safe(dict(values)))
-    write_json_atomic(path, data, sort_keys=True)
+    with _locked(path):  # two notebooks (or a notebook and make tutorial) at the same time
+        data = load(path)
+        data.setdefault(notebook, {}).update(json_safe(dict(values)))
+        write_json_atomic(path, data, sort_keys=True)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path``'s folder for the block (no lock file left behind;
+    the file itself is replaced by every write, so it cannot carry the lock)."""
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def save_figure(fig: Any, name: str) -> Path:
-    """Save a matplotlib figure as ``<work dir>/figures/<name>.png`` and return the path."""
+    """Save a matplotlib figure as ``<work dir>/figures/<name>.png`` (atomically: a reader
+    never sees half a PNG) and return the path."""
     path = figures_dir() / f"{name}.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
     return path
 
 

@@ -21,6 +21,7 @@ and ``profile_parent`` (a folder on the shared file system, e.g. in ``$HOME``).
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 from collections.abc import Mapping, Sequence
 
@@ -82,6 +83,9 @@ class SlurmCluster(MPICluster):
         def escape(text: str) -> str:
             return text.replace("{", "{{").replace("}", "}}")
 
+        broken = [o for o in self.sbatch_options if "\n" in o or "\r" in o or "\0" in o]
+        if broken:  # it would end the #SBATCH line and start a line of the script
+            raise ValueError(f"sbatch option {broken[0]!r} contains a line break")
         lines = ["#!/bin/sh", "#SBATCH --export=ALL", "#SBATCH --job-name=ipengine-{cluster_id}",
                  "#SBATCH --ntasks={n}", "#SBATCH --output={output_file}"]
         lines += [f"#SBATCH {escape(opt)}" for opt in self.sbatch_options]
@@ -93,7 +97,8 @@ class SlurmCluster(MPICluster):
                 args += ["--map-by", self.map_by]
             if self.bind_to:
                 args += ["--bind-to", self.bind_to]
-            start = " ".join(["mpiexec", "-n", "{n}", *map(escape, args + self.mpi_args)])
+            start = " ".join(["mpiexec", "-n", "{n}", escape(shlex.join(args + self.mpi_args))])
+            start = start.rstrip()
         lines.append(f"exec {start} {{program_and_args}} --mpi")
         return "\n".join(lines) + "\n"
 

@@ -83,9 +83,22 @@ def node_hardware() -> str:
     return " ".join(fields)
 
 
+def check_conf_path(state: Path) -> None:
+    """:class:`~chexnet_utils.slurm.SlurmError` for a state folder whose path has whitespace,
+    ``#`` or a quote: slurm.conf has no quoting that every one of its keys takes, so such a
+    path is refused before anything is written, rather than written and misread."""
+    if any(c.isspace() or c in "#\"'" for c in str(state)):
+        raise S.SlurmError(f"Slurm state folder {str(state)!r} contains whitespace, '#' or "
+                           "a quote, which slurm.conf cannot hold: choose a plain path")
+
+
 def slurm_conf(state: Path, ctld_port: int, slurmd_port: int, hardware: str,
                host: str | None = None) -> str:
-    """The text of ``slurm.conf`` for this host with everything in ``state``."""
+    """The text of ``slurm.conf`` for this host with everything in ``state``.
+
+    Raises :class:`~chexnet_utils.slurm.SlurmError` for a ``state`` path slurm.conf cannot
+    hold (:func:`check_conf_path`)."""
+    check_conf_path(state)
     host = host or socket.gethostname().split(".")[0]
     return f"""\
 # One-machine Slurm written by chexnet_utils.slurm_local (state folder {state})
@@ -182,6 +195,7 @@ class LocalSlurm:
         if self.state is None:
             self.state = Path(tempfile.mkdtemp(prefix="chexnet-slurm-"))
         st = self.state
+        check_conf_path(st)
         for sub, mode in (("", 0o755), ("munge-run", 0o755), ("munge", 0o700), ("log", 0o755),
                           ("ctld-state", 0o700), ("slurmd-spool", 0o755)):
             (st / sub).mkdir(parents=True, exist_ok=True)

@@ -30,8 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chexnet_utils.atomic import atomic_path, json_safe, write_json_atomic
-from chexnet_utils.checkpoints import BEST_NAME, LAST_NAME, STATE_NAME
+from chexnet_utils.atomic import json_safe
+from chexnet_utils.checkpoints import (
+    BEST_NAME,
+    LAST_NAME,
+    discard_uncommitted,
+    write_checkpoint,
+)
 from chexnet_utils.dataparallel import allreduce_mean, broadcast_initial_state
 from chexnet_utils.models import mean_auroc, per_class_auroc
 from chexnet_utils.train_data import loss_value, predict_split
@@ -116,8 +121,8 @@ def callback_classes() -> dict[str, type]:
 
     class Checkpointer(keras.callbacks.Callback):
         """At every epoch end: track the best ``val_mean_auroc``; on rank 0 write
-        ``best.weights.h5`` when it improved, then ``last.keras`` and ``state.json``
-        (each atomically: written to a temporary name, then renamed)."""
+        ``best.weights.h5`` when it improved, then ``last.keras`` and ``state.json``, as one
+        consistent set (:func:`~chexnet_utils.checkpoints.write_checkpoint`)."""
 
         def __init__(self, ckpt_dir: Path, write: bool, state: dict[str, Any],
                      plateau: PlateauLR, monitor: str | None) -> None:
@@ -127,6 +132,8 @@ def callback_classes() -> dict[str, type]:
             self.state = state
             self.plateau = plateau
             self.monitor = monitor
+            if write:  # temporary files of a set a crash kept from being committed
+                discard_uncommitted(ckpt_dir)
 
         def _improved(self, score: float | None) -> bool:
             """First epoch; a finite score above the best; or no finite score so far (a val
@@ -154,14 +161,8 @@ def callback_classes() -> dict[str, type]:
                 {"epoch": epoch + 1, **{k: json_safe(v) for k, v in logs.items()}})
             if not self.write:
                 return
-            if improved:
-                with atomic_path(self.ckpt_dir / BEST_NAME,
-                                 tmp=self.ckpt_dir / "best.tmp.weights.h5") as tmp:
-                    self.model.save_weights(tmp)
-            with atomic_path(self.ckpt_dir / LAST_NAME,
-                             tmp=self.ckpt_dir / "last.tmp.keras") as tmp:
-                self.model.save(tmp)
-            write_json_atomic(self.ckpt_dir / STATE_NAME, self.state)
+            writers = {BEST_NAME: self.model.save_weights} if improved else {}
+            write_checkpoint(self.ckpt_dir, self.state, {**writers, LAST_NAME: self.model.save})
 
     class Broadcast(keras.callbacks.Callback):
         """Calls :func:`broadcast_initial_state` once at the start of training."""

@@ -1,4 +1,4 @@
-"""Train CheXNet on converted TFRecords: one :func:`train` for the notebook, the CLI and Horovod.
+"""Train CheXNet on converted TFRecords: one :func:`train` for the CLI, Horovod and the tests.
 
 ::
 
@@ -15,9 +15,10 @@ What one call does
    the last checkpoint (weights, optimizer state, learning rate) and continues with the epoch
    after the last finished one.
 3. Trains with ``model.fit`` on :func:`chexnet_utils.pipelines.new_approach` (or the old
-   approach, ``pipeline="old"``) over the ``train`` shards: Adam, CheXNet's weighted binary
+   approach, ``pipeline="old"``) over the ``train`` shards: Adam, a class-weighted binary
    cross-entropy (:class:`~chexnet_utils.models.WeightedBCE`), ``ReduceLROnPlateau`` (factor
-   0.1). After every epoch the whole validation split is predicted and its exact per-class
+   0.1). Notebook 03 writes the same training out in its cells and checks, with op
+   determinism, that it gives the same weights bit for bit. After every epoch the whole validation split is predicted and its exact per-class
    AUROC computed with scikit-learn; the best epoch by validation mean AUROC is kept.
 4. Evaluates the best weights on the test split and writes ``metrics.json``.
 
@@ -187,7 +188,9 @@ class TrainConfig:
     seed: int = 0
     """Seeds Python, numpy and TensorFlow (``keras.utils.set_random_seed``), the shuffles and
     the flips. Runs are repeatable in distribution, not bit for bit: the new pipeline lets a
-    fast image overtake a slow one (``deterministic=False``)."""
+    fast image overtake a slow one (``deterministic=False``). With
+    ``tf.config.experimental.enable_op_determinism()`` they are bit for bit (and ``tf.data``
+    is slower: undo it with :func:`chexnet_utils.accelerator.disable_op_determinism`)."""
     resume: bool = False
     """Continue from ``out_dir/checkpoints`` if a checkpoint is there (else start afresh)."""
     steps_per_epoch: int | None = None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chexnet_utils import results
+from chexnet_utils.atomic import atomic_path, write_text_atomic
 from chexnet_utils.processes import check_terminated, note_termination
 
 
@@ -78,10 +79,11 @@ def execute_notebook(path: Path, out_dir: Path, timeout: int = 3600) -> Notebook
     check_terminated()
     seconds = time.perf_counter() - t0
     executed = out_dir / path.name
-    nbformat.write(nb, executed)
+    with atomic_path(executed) as tmp:
+        nbformat.write(nb, tmp)
     html_path = out_dir / (path.stem + ".html")
     body, _ = HTMLExporter().from_notebook_node(nb)
-    html_path.write_text(body, encoding="utf-8")
+    write_text_atomic(html_path, body)
     return NotebookRun(path, executed, html_path, seconds, error)
 
 

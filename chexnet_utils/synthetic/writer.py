@@ -92,16 +92,27 @@ def _same_params(marker: dict[str, Any] | None, n: int, size: int, seed: int,
         ("per_folder", per_folder)))
 
 
+def _linked_folders(root: Path) -> list[Path]:
+    """Image folders of the layout under ``root`` that are symbolic links (``images/``,
+    ``images_NNN/``, ``images_NNN/images/``): this module never writes or deletes through
+    one (it may lead into a real NIH download)."""
+    tops = [root / "images", *root.glob("images_[0-9][0-9][0-9]")]
+    subs = [t / "images" for t in tops[1:] if not t.is_symlink()]
+    return [d for d in tops + subs if d.is_symlink()]
+
+
 def _layout_files(root: Path) -> list[Path]:
-    """Files of the NIH layout this module writes (and may replace) under ``root``."""
+    """Files of the NIH layout this module writes (and may replace) under ``root``; folders
+    reached through a symbolic link are left out."""
     files: list[Path] = []
     for name in (nih.CSV_NAME, nih.TRAIN_VAL_LIST, nih.TEST_LIST):
-        if (root / name).is_file():
+        if (root / name).is_file() and not (root / name).is_symlink():
             files.append(root / name)
     for d in [root / "images", *(p / "images" for p in root.glob("images_[0-9][0-9][0-9]")),
               *root.glob("images_[0-9][0-9][0-9]")]:
-        if d.is_dir():
-            files.extend(p for p in d.iterdir() if p.is_file() and (
+        if d.is_dir() and not d.is_symlink() and not (d.parent != root
+                                                       and d.parent.is_symlink()):
+            files.extend(p for p in d.iterdir() if p.is_file() and not p.is_symlink() and (
                 _NAME_RE.fullmatch(p.name) or (p.name.startswith(".") and
                                                p.name.endswith(".tmp"))))
     return files
@@ -133,7 +144,9 @@ def generate_dataset(
     lists are replaced. Any other non-empty
     directory raises :class:`FileExistsError` unless ``overwrite=True``, which deletes the
     NIH-layout files there (``Data_Entry_2017.csv``, the two lists and ``NNNNNNNN_NNN.png``
-    under ``images/`` and ``images_NNN/images/``) and leaves other files alone.
+    under ``images/`` and ``images_NNN/images/``) and leaves other files alone. An image
+    folder that is a symbolic link raises :class:`FileExistsError` before anything is
+    written: nothing is written or deleted through a link.
 
     ``resume=True`` keeps the PNGs of an interrupted run with the same parameters (they are
     written atomically, so every PNG present is complete). The CSV, the split lists and the
@@ -160,6 +173,11 @@ def generate_dataset(
             "data set (it may be the real NIH download). Choose an empty or new directory, or "
             "pass overwrite=True to replace its NIH-layout files.")
     root.mkdir(parents=True, exist_ok=True)
+    linked = _linked_folders(root)
+    if linked:
+        raise FileExistsError(f"{linked[0]} is a symbolic link: the synthetic writer does not "
+                              "write or delete through one (it may lead into a real data set); "
+                              "remove the link or choose another directory")
 
     records = sample_records(n, seed, size)
     train_val, test = split_by_patient(records, seed)
@@ -204,7 +222,7 @@ def generate_dataset(
         bar.close()
 
     png_bytes = sum(p.stat().st_size for p in targets.values())
-    with atomic_path(root / nih.CSV_NAME, tmp=root / f".{nih.CSV_NAME}.tmp") as tmp:
+    with atomic_path(root / nih.CSV_NAME) as tmp:
         nih.write_data_entry(tmp, records)
     write_text_atomic(root / nih.TRAIN_VAL_LIST, "".join(f"{x}\n" for x in train_val))
     write_text_atomic(root / nih.TEST_LIST, "".join(f"{x}\n" for x in test))

@@ -24,14 +24,22 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from chexnet_utils.atomic import atomic_path, fsync_dir, write_json_atomic, write_text_atomic
+from chexnet_utils.atomic import (
+    atomic_path,
+    fsync_dir,
+    require_writable_dir,
+    write_json_atomic,
+    write_text_atomic,
+)
 from chexnet_utils.devices import usable_cores
 from chexnet_utils.labels import NUM_CLASSES, PATHOLOGIES
 from chexnet_utils.nih import NIHDataset
 from chexnet_utils.processes import worker_init
 from chexnet_utils.tfrecords.images import (
     PNG_COMPRESS_LEVEL,
+    check_pixels,
     describe_error,
+    limit_decoding,
     open_checked,
     prepare_image,
     to_grey8,
@@ -86,6 +94,7 @@ def _scan_one(path: str | None, full: bool) -> dict[str, Any]:
         else:
             with Image.open(path) as im:
                 width, height = im.size
+            check_pixels(width, height)
     except FileNotFoundError:
         return {"ok": False, "reason": "missing: file disappeared"}
     except Exception as e:  # noqa: BLE001 - every decoder failure is a property of the file
@@ -108,6 +117,7 @@ _PROGRESS: Any = None  # multiprocessing queue in worker processes, set by _init
 def _init_worker(queue: Any, parent: int | None = None) -> None:
     global _PROGRESS
     worker_init(parent)  # default SIGTERM, and die with the parent (chexnet_utils.processes)
+    limit_decoding()     # no decompression bombs: huge images are errors, not warnings
     _PROGRESS = queue
 
 
@@ -120,7 +130,6 @@ def _write_shard(task: dict[str, Any], progress: Callable[[int], None] | None = 
     t0 = time.perf_counter()
     out_dir = Path(task["out_dir"])
     final = out_dir / task["file"]
-    tmp = out_dir / f"{task['file']}{_TMP_MARK}{os.getpid()}"
     digest = hashlib.sha256()
     label_sums = np.zeros(NUM_CLASSES, dtype=np.int64)
     passthrough = 0
@@ -131,7 +140,8 @@ def _write_shard(task: dict[str, Any], progress: Callable[[int], None] | None = 
 
         def report(n: int) -> None:
             queue.put((file, n))
-    with atomic_path(final, tmp) as tmp_path, open(tmp_path, "wb") as f:
+    with atomic_path(final, prefix=f"{task['file']}{_TMP_MARK}", fsync=False) as tmp_path, \
+            open(tmp_path, "wb") as f:
         for name, path, label, patient_id, source_size in task["items"]:
             try:
                 with open(path, "rb") as src:
@@ -176,13 +186,13 @@ def _write_shard(task: dict[str, Any], progress: Callable[[int], None] | None = 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
     # indented for people, label sums on one line; a temporary name _remove_ours knows
-    write_json_atomic(path, obj, tmp=path.with_name(f"{path.name}{_TMP_MARK}{os.getpid()}"),
-                      indent=1, inline_number_lists=True)
+    write_json_atomic(path, obj, prefix=f"{path.name}{_TMP_MARK}", indent=1,
+                      inline_number_lists=True)
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
     # temporary names that _remove_ours recognises and cleans after a crash
-    write_text_atomic(path, text, tmp=path.with_name(f"{path.name}{_TMP_MARK}{os.getpid()}"))
+    write_text_atomic(path, text, prefix=f"{path.name}{_TMP_MARK}")
 
 
 @dataclass
@@ -633,8 +643,9 @@ def convert_dataset(
     :func:`_plan`, :func:`_reuse`, :func:`_start_manifest`, :func:`_write_all`,
     :func:`_finalize`. Raises :class:`ConversionError` (bad image under
     ``on_error="fail"``, conflicting earlier conversion, including one made with an older
-    version's shard plan) or :class:`chexnet_utils.nih.DataFormatError` (bad CSV or split
-    list).
+    version's shard plan), :class:`chexnet_utils.nih.DataFormatError` (bad CSV or split
+    list; both read before anything else) or ``OSError`` naming ``out_dir`` when nothing can
+    be written there (tried before the scan).
     """
     t_start = time.perf_counter()
     _check_args(encoding, on_error, shard_size, shard_mb, image_size, jpeg_quality)
@@ -643,8 +654,7 @@ def convert_dataset(
     workers = max(1, int(workers or usable_cores()))
     ds = NIHDataset.load(data_dir)
     items = _items(ds, val_fraction, seed)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = require_writable_dir(out_dir)  # before the scan, which may take hours
     params = _params(data_dir, image_size, encoding, jpeg_quality, shard_size, shard_mb,
                      val_fraction, seed)
     old = _earlier_conversion(out, params, overwrite)

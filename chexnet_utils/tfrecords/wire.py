@@ -17,6 +17,7 @@ read the files with ``tf.data.TFRecordDataset``). TensorFlow is imported only by
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -93,11 +94,13 @@ def write_records(path: Path | str, records: Iterable[bytes]) -> str:
 def read_records(path: Path | str, check_crc: bool = True) -> Iterator[bytes]:
     """Yield the records of a TFRecord file (uncompressed), checking both CRCs.
 
-    Raises :class:`ValueError` naming the file and the byte offset on a truncated record or
-    a CRC mismatch.
+    Raises :class:`ValueError` naming the file and the byte offset on a truncated record, a
+    CRC mismatch, or a length longer than what is left of the file (checked before anything
+    is read into memory: a crafted length cannot ask for more than the file holds).
     """
     path = Path(path)
     with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
         offset = 0
         while True:
             header = f.read(12)
@@ -109,6 +112,10 @@ def read_records(path: Path | str, check_crc: bool = True) -> Iterator[bytes]:
             (len_crc,) = struct.unpack("<I", header[8:])
             if check_crc and len_crc != masked_crc32c(header[:8]):
                 raise ValueError(f"{path}: corrupt record length at byte {offset}")
+            if length > size - offset - 16:
+                raise ValueError(f"{path}: truncated record at byte {offset} (its length "
+                                 f"field says {length} bytes, the file has "
+                                 f"{max(0, size - offset - 16)} left)")
             data = f.read(length)
             footer = f.read(4)
             if len(data) < length or len(footer) < 4:

@@ -73,38 +73,6 @@ def test_grad_cam_on_a_flat_sequential_model(image: np.ndarray) -> None:
     assert heat.shape == (PX, PX) and 0.0 <= heat.min() and heat.max() <= 1.0
 
 
-def test_most_confident_positive_picks_the_best_true_positive() -> None:
-    import tensorflow as tf
-
-    from chexnet_utils.explain import most_confident_positive
-
-    keras.utils.set_random_seed(2)
-    model = build_chexnet("small", 32)
-    rng = np.random.default_rng(5)
-    images = rng.normal(size=(20, 32, 32, 3)).astype(np.float32)
-    labels = (rng.random((20, 14)) < 0.2).astype(np.float32)
-    names = np.array([f"img{i:02d}.png".encode() for i in range(20)])
-    probs = model.predict(images, verbose=0)
-    ds = tf.data.Dataset.from_tensor_slices((images, labels, names)).batch(6)
-
-    for classes in (None, [3, 7]):
-        allowed = np.zeros(14, bool)
-        allowed[list(range(14)) if classes is None else classes] = True
-        scores = np.where((labels > 0.5) & allowed, probs, -np.inf)
-        row, col = np.unravel_index(np.argmax(scores), scores.shape)
-        ex = most_confident_positive(model, ds, classes)
-        assert (ex.class_index, ex.name) == (col, f"img{row:02d}.png")
-        assert np.allclose(ex.image, images[row]) and ex.label[col] == 1.0
-        assert ex.probability == pytest.approx(float(probs[row, col]), rel=1e-4)
-
-    # without names, and stopping after the first batch
-    ex = most_confident_positive(model, tf.data.Dataset.from_tensor_slices(
-        (images, labels)).batch(6), max_batches=1)
-    assert ex.name is None and np.any([np.allclose(ex.image, im) for im in images[:6]])
-    with pytest.raises(ValueError, match="no image"):
-        most_confident_positive(model, [(images, np.zeros_like(labels))])
-
-
 def test_find_layer_by_path_bare_name_or_last() -> None:
     from chexnet_utils.explain import find_layer, layer_chain
 

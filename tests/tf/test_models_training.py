@@ -410,6 +410,32 @@ def test_resume_restores_state_and_continues(first_run: Any, tmp_path: Path) -> 
         T.train(config(tfr_dir=cfg.tfrecords, out=out, image_size=32, resume=True))
 
 
+def test_train_is_bit_for_bit_repeatable_with_op_determinism(tfr_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """What notebook 03 relies on to compare its own training with train(): the same
+    starting weights, seed and batches give the same weights, bit for bit, once op
+    determinism fixes the order of the new pipeline; and it can be switched off again."""
+    import tensorflow as tf
+    from tensorflow.python.framework import config as tf_config
+
+    from chexnet_utils.accelerator import disable_op_determinism
+
+    init = tmp_path / "init.weights.h5"
+    keras.utils.set_random_seed(4)
+    M.build_chexnet("small", PX).save_weights(init)
+    short = dict(epochs=1, steps_per_epoch=3, weights=str(init), validate=False,
+                 evaluate_test=False, tensorboard=False)
+    tf.config.experimental.enable_op_determinism()
+    try:
+        runs = [T.train(config(tfr_dir, tmp_path / f"run{i}", **short)) for i in range(2)]
+    finally:
+        disable_op_determinism()
+    assert not tf_config.is_op_determinism_enabled()
+    assert runs[0].trained_checksum == runs[1].trained_checksum
+    assert T.weights_checksum(runs[0].model, trainable_only=False) == \
+        T.weights_checksum(runs[1].model, trainable_only=False)
+
+
 def test_config_validation(tfr_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="arch"):
         T.train(config(tfr_dir, tmp_path, arch="vgg"))

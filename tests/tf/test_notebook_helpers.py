@@ -5,19 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import tensorflow as tf
 
-from chexnet_utils import pipelines, tfrecords
-
-
-def test_file_names_are_base_names_in_dataset_order(tmp_path: Path) -> None:
-    paths = [str(tmp_path / "sub" / f"train-{i:05d}-of-00003.tfrecord") for i in (2, 0, 1)]
-    names = tf.data.Dataset.from_tensor_slices(paths)
-    assert pipelines.file_names(names) == ["train-00002-of-00003.tfrecord",
-                                           "train-00000-of-00003.tfrecord",
-                                           "train-00001-of-00003.tfrecord"]
-    assert pipelines.file_names(names.shard(2, 1)) == ["train-00000-of-00003.tfrecord"]
-    assert pipelines.file_names(names.take(0)) == []
+from chexnet_utils import tfrecords
 
 
 def test_decode_ms_times_every_read_record_after_one_warm_up(

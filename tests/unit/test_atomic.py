@@ -22,30 +22,65 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
-        write_text_atomic(target, "new", tmp=tmp_path / "manifest.json.tmp-1")
+        write_text_atomic(target, "new", prefix="manifest.json.tmp-")
     assert target.read_text() == "old"
     assert sorted(os.listdir(tmp_path)) == ["manifest.json"]
 
 
 def test_atomic_path_renames_on_success_and_removes_on_error(tmp_path):
-    from chexnet_utils.atomic import atomic_path, default_tmp
+    from chexnet_utils.atomic import atomic_path
 
     target = tmp_path / "image.png"
     target.write_bytes(b"old")
     with atomic_path(target) as tmp:
-        assert tmp == default_tmp(target) and tmp.parent == tmp_path
-        assert tmp.name.startswith(".") and not tmp.name.endswith(".png")
+        assert tmp.parent == tmp_path and tmp.exists()  # created (O_EXCL) before the block
+        assert tmp.name.startswith(".image.png.") and not tmp.name.endswith(".png")
         tmp.write_bytes(b"new")
         assert target.read_bytes() == b"old"  # nothing visible before the block ends
     assert target.read_bytes() == b"new"
     assert os.listdir(tmp_path) == ["image.png"]
 
     with pytest.raises(KeyboardInterrupt):
-        with atomic_path(target, tmp=tmp_path / "x.tmp.keras") as tmp:
+        with atomic_path(target, suffix=".keras") as tmp:
+            assert tmp.name.endswith(".keras")
             tmp.write_bytes(b"half")
             raise KeyboardInterrupt
     assert target.read_bytes() == b"new"
     assert os.listdir(tmp_path) == ["image.png"]
+
+
+def test_atomic_path_flushes_what_the_block_wrote_before_the_rename(tmp_path, monkeypatch):
+    """A writer that names its own file (PIL, Keras) gets it fsynced too: after a power cut
+    the final name never holds an empty file."""
+    from chexnet_utils import atomic
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace",
+                        lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    with atomic.atomic_path(tmp_path / "fig.png") as tmp:
+        tmp.write_bytes(b"png")
+    assert events == ["fsync", "replace"]
+
+
+def test_temporary_names_are_new_files_never_an_existing_name_or_link(tmp_path, monkeypatch):
+    """``O_EXCL`` under a random name: a file or a symbolic link planted under the name that
+    comes up is skipped, never opened, truncated or followed."""
+    from chexnet_utils import atomic
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / ".out.json.aaaa.tmp").symlink_to(victim)
+    names = iter(["aaaa", "bbbb"])
+    monkeypatch.setattr(atomic.secrets, "token_hex", lambda n: next(names))
+    atomic.write_text_atomic(tmp_path / "out.json", "{}")
+    assert victim.read_text() == "keep" and (tmp_path / ".out.json.aaaa.tmp").is_symlink()
+    assert (tmp_path / "out.json").read_text() == "{}"
+    mode = (tmp_path / "out.json").stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask  # an ordinary new file's permissions, not mkstemp's 0600
 
 
 def test_write_bytes_atomic(tmp_path):

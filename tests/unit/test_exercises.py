@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tests.datasets import synthetic_tfrecords
 
-from chexnet_utils import benchmark, comm, devices, exercises, pipelines, synthetic
+from chexnet_utils import benchmark, comm, devices, exercises, synthetic
 from chexnet_utils import tfrecords as T
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("0*.ipynb"))
@@ -78,6 +78,12 @@ def test_shard_layout_matches_the_converter(capsys, converted):
     assert verdict(capsys, exercises.check_shard_layout(
         (math.ceil(n / 4), n - 4 * (math.ceil(n / 4) - 1)), converted, 4))
     assert not verdict(capsys, exercises.check_shard_layout("3, 2", converted, 4))
+    # the plan itself (notebook 01's shard_plan): the remainder written, not dropped
+    k = next(k for k in (3, 4, 6, 7) if n % k)  # a shard size that leaves a remainder
+    plan = [k] * (n // k) + [n % k]
+    assert verdict(capsys, exercises.check_shard_layout(plan, converted, k))
+    assert not verdict(capsys, exercises.check_shard_layout(plan[:-1], converted, k))  # dropped
+    assert not verdict(capsys, exercises.check_shard_layout(plan[::-1], converted, k))
 
 
 def test_images_per_patient(capsys):
@@ -105,16 +111,14 @@ def test_step_times(capsys):
                                                           accel_ms=60))
 
 
-def test_ablation_step(capsys):
-    steps = pipelines.ablation_steps()
-    first_parallel = next(i for i, (_, o) in enumerate(steps) if o.parallel_map)
-    right, label = first_parallel - 1, steps[first_parallel - 1][0]
-    assert verdict(capsys, exercises.check_ablation_step(right))
-    assert verdict(capsys, exercises.check_ablation_step(label, steps))
-    assert not verdict(capsys, exercises.check_ablation_step(first_parallel, steps))
-    assert not verdict(capsys, exercises.check_ablation_step(len(steps) - 1, steps))
-    # the answer follows the steps passed in
-    assert verdict(capsys, exercises.check_ablation_step(right - 1, steps[:2] + steps[3:]))
+def test_serial_decode_given_a_rate_compares_it_with_one_core(capsys):
+    # a measured rate (not the pipeline): only section 2's single-core rate to compare with
+    assert verdict(capsys, exercises.check_serial_decode(140.0, 100.0, cores=2))
+    assert not verdict(capsys, exercises.check_serial_decode(160.0, 100.0, cores=2))
+    timed = benchmark.ThroughputResult([96.0, 104.0], [1.0, 1.0], [96, 104], 2, True)
+    assert verdict(capsys, exercises.check_serial_decode(timed, 100.0))
+    assert not verdict(capsys, exercises.check_serial_decode("fast", 100.0))
+    # the pipeline itself is timed side by side with itself on one thread: tests/tf
 
 
 def test_worker_shares(capsys, converted):
@@ -147,22 +151,31 @@ def test_which_is_faster(capsys):
     assert not verdict(capsys, exercises.check_which_is_faster("same", {"new": 1, "old": None}))
 
 
-def test_resume_epoch(capsys):
-    assert verdict(capsys, exercises.check_resume_epoch(6, epochs_done=5))
-    assert not verdict(capsys, exercises.check_resume_epoch(5, epochs_done=5))
-    assert not verdict(capsys, exercises.check_resume_epoch(1, epochs_done=5))
-
-
-def test_full_size_prediction(capsys):
-    fed_full = benchmark.FedTrainingResult(pipeline_img_per_s=[50.0, 60.0],
-                                           fed_img_per_s=[40.0, 44.0],
+def test_full_size_prediction_measures_only_after_the_prediction(capsys):
+    fed_full = benchmark.FedTrainingResult(pipeline_img_per_s=[90.0, 110.0],
+                                           fed_img_per_s=[60.0, 60.0],
                                            in_memory_img_per_s=[200.0, 210.0],
                                            n_steps=5, batch_size=16)
-    assert verdict(capsys, exercises.check_full_size_prediction(fed_full.fed, fed_full))
-    assert verdict(capsys, exercises.check_full_size_prediction(38, fed_full))
-    assert not verdict(capsys, exercises.check_full_size_prediction(fed_full.in_memory,
-                                                                    fed_full))
-    assert not verdict(capsys, exercises.check_full_size_prediction(10, fed_full))
+    runs = []
+
+    def measure(old=35.0, new=60.0):
+        runs.append(1)
+        return old, new
+
+    def check(answer, m=measure):
+        return exercises.check_full_size_prediction(answer, fed_full, m, cores=2)
+
+    assert not verdict(capsys, check(None)) and not verdict(capsys, check("fast"))
+    assert runs == []  # no answer, no measurement: the number is never shown first
+    # right: one core's decode rate shared with the model (~40), or the measurement itself
+    assert verdict(capsys, check(40)) and verdict(capsys, check(35))
+    # wrong: the new approach's rate on all cores, or the model's own speed
+    assert not verdict(capsys, check(fed_full.pipeline))
+    assert not verdict(capsys, check(fed_full.in_memory))
+    # the machine got twice as busy since section 5: a prediction made then still counts
+    assert verdict(capsys, check(40, lambda: measure(17.5, 30.0)))
+    assert not verdict(capsys, check(20, lambda: measure(17.5, 30.0)))
+    assert len(runs) == 6
 
 
 @pytest.mark.parametrize("n_workers, n_messages", [(256, 1), (64, 364)])
@@ -229,11 +242,12 @@ def test_placeholder_answers_fail_quietly(capsys, converted):
         lambda: exercises.check_shard_layout(None, converted),
         lambda: exercises.check_images_per_patient(None, synthetic.sample_records(20)),
         lambda: exercises.check_step_times(None, 30, 60),
-        lambda: exercises.check_ablation_step(None),
+        lambda: exercises.check_serial_decode(None, 100.0),
         lambda: exercises.check_worker_shares(None, files, 2, [1] * len(files)),
         lambda: exercises.check_which_is_faster(None, {"a": 1.0, "b": None}),
-        lambda: exercises.check_resume_epoch(None, 3),
-        lambda: exercises.check_full_size_prediction(None, fed),
+        lambda: exercises.check_resume(None, converted, None, None, 3),
+        lambda: exercises.check_cam(None, None, None, (0,)),
+        lambda: exercises.check_full_size_prediction(None, fed, lambda: (1.0, 1.0)),
         lambda: exercises.check_efficiency(None, 8, 1e6, 0.1, 1e-5, 1e-9),
         lambda: exercises.check_ps_shards(None),
         lambda: exercises.check_old_pipeline_efficiency(None, 70.0, 90.0, 2),
