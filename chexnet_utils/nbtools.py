@@ -157,6 +157,35 @@ def format_wall_times(times: dict[str, float], other_seconds: float = 0.0,
 
 
 
+def layer_of_test(nodeid: str) -> str:
+    """The test layer of a pytest id: ``tests/<layer>/...`` -> ``<layer>``, a notebook under
+    nbval -> ``nbval``, anything else -> ``other``."""
+    if notebook_of(nodeid) is not None:
+        return "nbval"
+    parts = nodeid.split("::", 1)[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+
+
+def format_layer_times(phase_seconds: Mapping[tuple[str, str], float],
+                       setups: Mapping[str, float], top: int = 8) -> str:
+    """Where the minutes go: each layer's seconds in test setup (fixtures: clusters, data
+    sets, kernels), call and teardown, and the slowest setups by test id (the fixtures worth
+    sharing). ``phase_seconds`` maps (layer, phase) -> seconds; ``setups`` test id -> setup
+    seconds."""
+    layers = sorted({layer for layer, _ in phase_seconds})
+    phases = ("setup", "call", "teardown")
+    lines = ["test time by layer and phase (s):",
+             f"  {'layer':<10}" + "".join(f"{ph:>10}" for ph in phases) + f"{'total':>10}"]
+    for layer in layers:
+        row = [phase_seconds.get((layer, ph), 0.0) for ph in phases]
+        lines.append(f"  {layer:<10}" + "".join(f"{s:10.1f}" for s in row) + f"{sum(row):10.1f}")
+    slow = sorted(setups.items(), key=lambda kv: -kv[1])[:top]
+    if slow:
+        lines.append(f"slowest setups (fixtures) of {len(setups)} tests:")
+        lines += [f"  {s:7.1f} s  {nodeid}" for nodeid, s in slow]
+    return "\n".join(lines)
+
+
 # --- Only live numbers in prose -------------------------------------------------------------
 #
 # A figure in a notebook's markdown is either rendered by a cell from this run's variables, or

@@ -153,6 +153,20 @@ def test_wall_time_table_sums_per_notebook_and_judges_the_budget():
     assert "total wall" in format_wall_times({"n.ipynb": 100.0}, 0, 3, elapsed_seconds=150.0)
 
 
+def test_layer_table_splits_setup_call_teardown():
+    from chexnet_utils.nbtools import format_layer_times, layer_of_test
+    assert layer_of_test("tests/mpi/test_cluster.py::test_x") == "mpi"
+    assert layer_of_test("notebooks/04_x.ipynb::Cell 3") == "nbval"
+    assert layer_of_test("conftest.py::x") == "other"
+    table = format_layer_times({("mpi", "setup"): 30.0, ("mpi", "call"): 12.5,
+                                ("unit", "call"): 4.0},
+                               {"tests/mpi/a.py::t1": 29.0, "tests/mpi/a.py::t2": 1.0}, top=1)
+    rows = table.splitlines()
+    assert rows[2].split() == ["mpi", "30.0", "12.5", "0.0", "42.5"]
+    assert rows[3].split() == ["unit", "0.0", "4.0", "0.0", "4.0"]
+    assert "29.0 s  tests/mpi/a.py::t1" in table and "t2" not in table
+
+
 def test_make_test_prints_the_wall_time_table(tmp_path):
     """The repository's conftest adds the table to a real nbval run (of a notebook written
     to ``tmp_path``: the conftest is loaded as a plugin, as the rootdir's would be)."""
