@@ -181,9 +181,12 @@ def test_horovod_build_uses_the_environments_cmake():
 
 def test_ci_runs_fresh_check_after_the_tests():
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    first = {cmd: next(i for i, line in enumerate(lines) if line.split("2>&1")[0].strip() == cmd)
-             for cmd in ("make test", "make fresh-check")}
-    assert first["make test"] < first["make fresh-check"]
+    stages = [(i, line) for i, line in enumerate(lines) if line.startswith("stage ")]
+    first = {cmd: next(i for i, line in stages if cmd in line)
+             for cmd in ("make test ", "make fresh-check")}
+    assert first["make test "] < first["make fresh-check"]
+    assert any("make nonroot-check" in line for _, line in stages)
+    assert any("make gpu-build-check" in line for _, line in stages)
     assert "fresh-check:" in (ROOT / "Makefile").read_text()
 
 
