@@ -219,7 +219,7 @@ def _cmd_bench_scaling(args: argparse.Namespace) -> int:
                            pipelines=args.pipelines.split(","), arch=args.arch,
                            image_size=args.image_size, batch_size=args.batch_size,
                            steps=args.steps, warmup_steps=args.warmup, repeats=args.repeats,
-                           bind_to=None if args.bind_to == "none" else args.bind_to,
+                           bind_to=args.bind_to,  # "none" is passed on: really unbound
                            map_by=args.map_by, env=_env_pairs(args.env),
                            accelerator_ms=args.emulate_accelerator,
                            log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
@@ -428,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="untimed steps before each run (default 20: enough for the old "
                         "pipeline's prefetched batches to run out)")
     b.add_argument("--repeats", type=int, default=1, help="runs per setting (default 1)")
-    b.add_argument("--bind-to", default="core", help="mpiexec --bind-to (default core; none)")
+    b.add_argument("--bind-to", default="core", help="mpiexec --bind-to (default core; none = unbound)")
     b.add_argument("--map-by", default=None, help="mpiexec --map-by, e.g. socket")
     b.add_argument("--emulate-accelerator", type=float, default=None, metavar="MS",
                    help="also time an emulated accelerator taking MS per step (the CPU "

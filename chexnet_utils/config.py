@@ -44,7 +44,7 @@ class Scale:
     they never branch on it."""
     n_images: int
     """Images in the synthetic stand-in (ignored when ``CHEXNET_DATA_DIR`` is set): made by
-    :func:`chexnet_utils.data.prepare_data` on first use (every notebook); notebook 06 also
+    :func:`chexnet_utils.data.prepare_data` on first use (every notebook); notebook 07 also
     prices caching each preset's data set."""
     source_size: int
     """Side in pixels of the synthetic PNGs (NIH's are 1024); :mod:`chexnet_utils.data`."""
@@ -101,12 +101,12 @@ class Scale:
     """Notebook 05's tensor-fusion section also starts the two ``HOROVOD_CYCLE_TIME``
     clusters (0.2 ms and 5 ms): two more cluster start-ups."""
     feeding_shards: int = 16
-    """Train shards notebook 06's toolbox sections read (cache, snapshot, PyDataset)."""
+    """Train shards notebook 07's toolbox sections read (cache, snapshot, PyDataset)."""
     feeding_repeats: int = 1
-    """Runs per measurement in notebook 06 (one: it shows the tools; notebook 02 measures
+    """Runs per measurement in notebook 07 (one: it shows the tools; notebook 02 measures
     with ``bench_repeats``)."""
     service_warmup: int = 3
-    """Untimed trainer steps before notebook 06's tf.data service scenario is timed."""
+    """Untimed trainer steps before notebook 07's tf.data service scenario is timed."""
 
 
 SCALES: dict[str, Scale] = {

@@ -8,6 +8,7 @@ budget per process so N processes on a CPU machine do not each start ``cores`` t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -173,6 +174,19 @@ def json_objects(text: str) -> list[dict[str, object]]:
     return found
 
 
+def _run_mpirun(cmd: list[str], n_procs: int, bind_to: str | None,
+                timeout: float) -> "subprocess.CompletedProcess[str]":
+    """Run an ``mpirun`` command line with :func:`mpi_environment`, output captured; raise
+    ``RuntimeError`` with the tail of stderr when it fails."""
+    import subprocess
+
+    out = subprocess.run(cmd, env=mpi_environment(n_procs, bind_to=bind_to),
+                         capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"mpirun exited with {out.returncode}:\n{out.stderr[-3000:]}")
+    return out
+
+
 def run_mpi_json(n_procs: int, argv: Sequence[str], timeout: float = 300,
                  bind_to: str | None = None, **mpirun_options: object
                  ) -> list[dict[str, object]]:
@@ -182,15 +196,35 @@ def run_mpi_json(n_procs: int, argv: Sequence[str], timeout: float = 300,
     stderr when ``mpirun`` fails, and ``subprocess.TimeoutExpired`` after ``timeout`` seconds
     (a hung ``hvd.init()`` must not hang the caller).
     """
-    import subprocess
-
     cmd = mpirun_command(n_procs, argv, bind_to=bind_to, **mpirun_options)  # type: ignore[arg-type]
-    out = subprocess.run(cmd, env=mpi_environment(n_procs, bind_to=bind_to),
-                         capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"mpirun exited with {out.returncode}:\n{out.stderr[-3000:]}")
+    out = _run_mpirun(cmd, n_procs, bind_to, timeout)
     objs = json_objects(out.stdout)
     return sorted(objs, key=lambda o: int(o.get("rank", 0)))  # type: ignore[call-overload]
+
+
+def report_bindings(n_procs: int, bind_to: str | None = None, map_by: str | None = None,
+                    timeout: float = 60) -> list[str]:
+    """Where Open MPI puts ``n_procs`` processes, one line per rank, from ``mpirun
+    --report-bindings`` (``"rank 0: bound to socket 0[core 0[hwt 0]]: [B/.]"``).
+
+    ``bind_to=None`` passes no ``--bind-to``, so the lines show Open MPI's own default, which
+    is *not* unbound: with no binding directive Open MPI 4.1 binds each process to a core
+    when ``np <= 2`` and to a socket above that (``mpirun(1)``, Open MPI 4.1, "Mapping,
+    Ranking, and Binding"; unbound when oversubscribed). ``"none"`` really leaves them free.
+    Runs the trivial program ``true`` on this host (with ``--oversubscribe`` when ``n_procs``
+    exceeds its cores); raises ``RuntimeError`` with the tail of stderr if ``mpirun`` fails.
+    """
+    extra = ["--report-bindings"] + (["--oversubscribe"] if n_procs > usable_cores() else [])
+    cmd = mpirun_command(n_procs, ["true"], map_by=map_by, bind_to=bind_to, extra=extra)
+    out = _run_mpirun(cmd, n_procs, bind_to, timeout)
+    reported: dict[int, str] = {}
+    for line in (out.stderr + out.stdout).splitlines():
+        m = re.search(r"MCW rank (\d+) (.*)", line)
+        if m:
+            reported[int(m.group(1))] = m.group(2).strip()
+    # Open MPI 4.1 reports nothing for a process it did not bind (--bind-to none, oversubscribed).
+    return [f"rank {r}: {reported.get(r, 'not bound (free to run on any core)')}"
+            for r in range(n_procs)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -234,7 +268,11 @@ class MPICluster:
     * As root, Open MPI's allow-root switches are set for ``mpiexec``; every engine gets a
       CPU thread budget of ``cores // n`` (see :func:`mpi_env_overrides`).
     * ``map_by`` / ``bind_to`` / ``hostfile`` / ``mpi_args`` go to ``mpiexec`` unchanged
-      (``--map-by socket`` was the best mapping on the articles' C4140 nodes).
+      (``--map-by socket`` was the best mapping on the articles' C4140 nodes). ``bind_to=None``
+      means *Open MPI's default*, not unbound: a core per engine for ``n <= 2``, a socket
+      above (``mpirun(1)``, Open MPI 4.1; :func:`report_bindings` shows it); ``"none"``
+      leaves the engines unbound (what a GPU node's engine needs so that its input pipeline
+      can use the node's other cores).
     * Teardown (``stop()``, the end of a ``with`` block, an exception or an interrupted
       cell) stops the engines and controller, waits for every process the cluster started
       (controller, ``mpiexec``, engines and their nanny processes) to exit, and kills the

@@ -164,8 +164,8 @@ def check_ranks_agree(weights: Sequence[Any], where: str) -> None:
     if not np.isfinite(gathered).all():
         raise FloatingPointError(
             f"the weights are no longer finite (NaN or inf) {where}: training diverged "
-            "(a learning rate too high for this many workers? try lr_scaling='sqrt' and a "
-            "longer warm-up)")
+            "(a learning rate too high for this many workers? try a longer warm-up or "
+            "lr_scaling='sqrt')")
     bad = digests_agree(gathered)
     if bad:
         raise RanksDiverged(

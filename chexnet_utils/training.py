@@ -45,9 +45,9 @@ The six changes that turn a single-worker Keras script into a Horovod one, and w
 1. ``hvd.init()``: :func:`init_world`;
 2. one GPU per process, pinned by local rank (on CPU: a thread budget): :func:`init_world` calls
    :func:`chexnet_utils.devices.pin_process`;
-3. learning rate raised with the number of workers (:func:`scaled_learning_rate`: ``sqrt``
-   for Adam by default, ``linear`` as Goyal et al. derived for SGD), reached gradually over
-   ``warmup_epochs`` (the ``Warmup`` callback);
+3. learning rate raised with the number of workers (:func:`scaled_learning_rate`: ``linear``
+   by default, as Horovod's examples and docs do; ``sqrt`` as an option), reached gradually
+   over ``warmup_epochs`` (the ``Warmup`` callback);
 4. gradients averaged across workers before the optimizer step: :func:`gradient_averager`
    returns one ``hvd.allreduce`` per gradient (overlapping the backward pass), applied in
    the model's ``train_step`` (the four ways to do this on Keras 3, and the documented one
@@ -207,9 +207,10 @@ class TrainConfig:
     Every process of the job calls :func:`train` with the same config."""
     scale_lr: bool = True
     """Distributed: raise the learning rate with the number of workers (``lr_scaling``)."""
-    lr_scaling: str = "sqrt"
-    """How, with ``scale_lr``: ``"sqrt"`` (``lr * sqrt(N)``, the default for Adam) or
-    ``"linear"`` (``lr * N``, Goyal et al.'s rule for SGD); see :func:`scaled_learning_rate`."""
+    lr_scaling: str = "linear"
+    """How, with ``scale_lr``: ``"linear"`` (``lr * N`` with warm-up: Horovod's examples and
+    docs, Goyal et al. 2017) or ``"sqrt"`` (``lr * sqrt(N)``: Malladi et al. 2022, an
+    option); see :func:`scaled_learning_rate`."""
     allreduce: str = "per_tensor"
     """Distributed: ``"per_tensor"`` (one allreduce per gradient, overlapping the backward
     pass) or ``"grouped"`` (one grouped allreduce after it); see :func:`gradient_averager`."""

@@ -30,3 +30,18 @@ def test_mpi_processes_receive_the_yield_setting():
     infos = distributed.run_mpi_json(2, ["python", "-c", code], timeout=60)
     assert sorted(i["rank"] for i in infos) == [0, 1]
     assert all(i["yield"] == "1" for i in infos)
+
+
+def test_report_bindings_shows_open_mpis_default_is_not_unbound():
+    """#25 item 4: with no --bind-to, Open MPI 4.1 binds each of 2 processes to a core;
+    ``"none"`` leaves them free; oversubscribed, it does not bind."""
+    from chexnet_utils.devices import usable_cores
+    from chexnet_utils.distributed import report_bindings
+
+    default = report_bindings(2)
+    assert [line.split(":")[0] for line in default] == ["rank 0", "rank 1"]
+    if usable_cores() >= 2:
+        assert all("bound to" in line and "core" in line for line in default), default
+    assert all("not bound" in line for line in report_bindings(2, bind_to="none"))
+    over = report_bindings(usable_cores() + 1)
+    assert len(over) == usable_cores() + 1 and all("not bound" in line for line in over)
