@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +27,11 @@ ROOT_SWITCHES = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"
 
 
 BIND_TO_ONE_CORE = ("core", "hwthread")
+HOROVODRUN_BIND_TO = "none"
+""":class:`MPICluster`'s default ``--bind-to``: what ``horovodrun`` passes to ``mpirun``
+(``-bind-to none -map-by slot``: Horovod v0.28.1 ``docs/mpi.rst``, "Equivalent Open MPI
+command", and ``horovod/runner/mpi_run.py``), so that an engine's input pipeline can use the
+node's other cores."""
 """``--bind-to`` values that give each rank a single core (or hardware thread)."""
 
 
@@ -175,11 +182,9 @@ def json_objects(text: str) -> list[dict[str, object]]:
 
 
 def _run_mpirun(cmd: list[str], n_procs: int, bind_to: str | None,
-                timeout: float) -> "subprocess.CompletedProcess[str]":
+                timeout: float) -> subprocess.CompletedProcess[str]:
     """Run an ``mpirun`` command line with :func:`mpi_environment`, output captured; raise
     ``RuntimeError`` with the tail of stderr when it fails."""
-    import subprocess
-
     out = subprocess.run(cmd, env=mpi_environment(n_procs, bind_to=bind_to),
                          capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
@@ -252,6 +257,11 @@ def check_listen_address(ip: str) -> None:
                          "address of the one the engines reach (127.0.0.1 on one machine)")
 
 
+def mpirun_option_given(args: Sequence[str], option: str) -> bool:
+    """True if ``args`` give ``mpirun`` the option ``option`` (``--x``, ``-x``, ``--x=v``)."""
+    return any(a.lstrip("-").split("=", 1)[0] == option for a in args if a.startswith("-"))
+
+
 class MPICluster:
     """An ipyparallel cluster of ``n`` MPI engines (one ``mpiexec``), torn down for sure.
 
@@ -268,18 +278,27 @@ class MPICluster:
     * As root, Open MPI's allow-root switches are set for ``mpiexec``; every engine gets a
       CPU thread budget of ``cores // n`` (see :func:`mpi_env_overrides`).
     * ``map_by`` / ``bind_to`` / ``hostfile`` / ``mpi_args`` go to ``mpiexec`` unchanged
-      (``--map-by socket`` was the best mapping on the articles' C4140 nodes). ``bind_to=None``
-      means *Open MPI's default*, not unbound: a core per engine for ``n <= 2``, a socket
-      above (``mpirun(1)``, Open MPI 4.1; :func:`report_bindings` shows it); ``"none"``
-      leaves the engines unbound (what a GPU node's engine needs so that its input pipeline
-      can use the node's other cores).
+      (``--map-by socket`` was the best mapping on the articles' C4140 nodes). ``bind_to``
+      defaults to ``"none"`` (:data:`HOROVODRUN_BIND_TO`, what ``horovodrun`` passes): the
+      engines are unbound, so a GPU node's engine can feed its GPU from the node's other
+      cores. ``bind_to=None`` passes nothing, i.e. *Open MPI's default*, which is not
+      unbound: a core per engine for ``n <= 2``, a socket above (``mpirun(1)``, Open MPI
+      4.1; :func:`report_bindings` shows it). A ``--bind-to`` in ``mpi_args`` (a
+      :func:`chexnet_utils.gpu_topology.binding_plan`) wins over ``bind_to``.
     * Teardown (``stop()``, the end of a ``with`` block, an exception or an interrupted
       cell) stops the engines and controller, waits for every process the cluster started
       (controller, ``mpiexec``, engines and their nanny processes) to exit, and kills the
       stragglers after ``stop_timeout`` seconds.
+    * **A killed kernel leaves nothing either** (SIGKILL by the out-of-memory killer, a kernel
+      that exits because its Jupyter server went away): :meth:`start` starts a small
+      watchdog process (:func:`chexnet_utils.processes.start_watchdog`) that waits on this
+      process, and every process of the cluster carries the cluster's token in
+      ``CHEXNET_LIFELINE``; when this process dies the watchdog stops them all (SIGTERM,
+      then SIGKILL), whoever their parent is by then.
     """
 
-    def __init__(self, n: int = 2, *, map_by: str | None = None, bind_to: str | None = None,
+    def __init__(self, n: int = 2, *, map_by: str | None = None,
+                 bind_to: str | None = HOROVODRUN_BIND_TO,
                  hostfile: str | None = None, mpi_args: Sequence[str] = (),
                  controller_ip: str = "127.0.0.1", location: str | None = None,
                  engine_timeout: float = 60, stop_timeout: float = 10,
@@ -311,6 +330,9 @@ class MPICluster:
         self.start_seconds: float | None = None
         self.stop_seconds: float | None = None
         self._started_at: float | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self.lifeline: str | None = None
+        """The token every process of the running cluster carries (``CHEXNET_LIFELINE``)."""
 
     def env_overrides(self) -> dict[str, str]:
         """What the controller and engines get on top of this process's environment:
@@ -322,7 +344,7 @@ class MPICluster:
         args: list[str] = []
         if self.map_by:
             args += ["--map-by", self.map_by]
-        if self.bind_to:
+        if self.bind_to and not mpirun_option_given(self.mpi_args, "bind-to"):
             args += ["--bind-to", self.bind_to]
         if self.hostfile:
             args += ["--hostfile", self.hostfile]
@@ -360,7 +382,12 @@ class MPICluster:
                                              dir=self.profile_parent)
         os.chmod(self._profile_dir, 0o700)
         cfg = Config()
-        env = self.env_overrides()
+        from chexnet_utils.processes import LIFELINE_ENV, lifeline_tokens, start_watchdog
+
+        self.lifeline = f"ipp-{os.getpid()}-{secrets.token_hex(4)}"
+        self._watchdog = start_watchdog(os.getpid(), self.lifeline)
+        env = {**self.env_overrides(),
+               LIFELINE_ENV: ",".join([*lifeline_tokens(), self.lifeline])}
         cfg.LocalControllerLauncher.environment = {
             **env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
         try:
@@ -422,7 +449,8 @@ class MPICluster:
 
         import psutil
 
-        from chexnet_utils.processes import pid_alive, remove_orphan_shm_segments, wait_gone
+        from chexnet_utils.processes import (pid_alive, release_watchdog,
+                                             remove_orphan_shm_segments, wait_gone)
 
         t0 = time.perf_counter()
         if self.cluster is not None:
@@ -475,6 +503,8 @@ class MPICluster:
         if self._started_at is not None:  # shared memory of engines killed with SIGKILL
             remove_orphan_shm_segments(since=self._started_at)
         self.cluster = self.client = self.view = None
+        release_watchdog(self._watchdog)  # stops what still carries the token: normally none
+        self._watchdog = self.lifeline = None
         self.stop_seconds = time.perf_counter() - t0
 
     def __enter__(self) -> "MPICluster":

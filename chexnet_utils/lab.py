@@ -7,8 +7,9 @@ falls back to the one Python kernel it is offered, so each notebook opens on the
 kernel without a dialog. ipyparallel's JupyterLab extension (the "IPython Parallel" sidebar)
 and its server extension come with the ipyparallel wheel; setup checks they are enabled.
 
-:class:`LabServer` starts the same server headless for tests: a free loopback port, a known
-token, its own runtime, config, settings and workspace folders (nothing is written to the
+:class:`LabServer` starts the same server headless for tests: a free loopback port, a random
+token handed over in the environment (``JUPYTER_TOKEN``: never on a command line, which every
+account can read in ``ps``; a process's environment only its owner), its own runtime, config, settings and workspace folders (nothing is written to the
 user's ``~/.jupyter`` or to the notebook folder's workspace state), and a teardown that leaves
 no process behind (JupyterLab, its kernels) even when the test fails.
 """
@@ -178,10 +179,10 @@ class LabServer:
                    JUPYTER_RUNTIME_DIR=str(self.state_dir / "runtime"),
                    IPYTHONDIR=str(self.state_dir / "ipython"))
         env.pop("JUPYTER_PORT", None)
+        env["JUPYTER_TOKEN"] = self.token  # jupyter_server's IdentityProvider.token default
         self.port = free_port()
         argv = [self.python, "-m", "jupyter", "lab", *lab_args(self.root_dir, kernel=self.kernel),
                 f"--port={self.port}", "--ServerApp.port_retries=0", "--no-browser",
-                f"--IdentityProvider.token={self.token}",
                 f"--LabApp.user_settings_dir={self.state_dir / 'settings'}",
                 f"--LabApp.workspaces_dir={self.state_dir / 'workspaces'}"]
         self._log = open(self.state_dir / "lab.log", "wb")

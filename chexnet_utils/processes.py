@@ -267,6 +267,33 @@ def watchdog_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def start_watchdog(parent: int, token: str) -> subprocess.Popen[bytes] | None:
+    """Start a watchdog (:func:`watchdog_main`) for ``parent``: when ``parent`` dies, or when
+    :func:`release_watchdog` is called, it stops every process carrying ``token``. In its own
+    session, so a signal to ``parent``'s process group does not reach it. ``None`` where
+    there is no ``/proc`` (the token cannot be read there)."""
+    if not os.path.isdir("/proc"):
+        return None
+    return subprocess.Popen([sys.executable, "-m", "chexnet_utils.processes", str(parent), token],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def release_watchdog(proc: subprocess.Popen[bytes] | None, timeout: float = 15) -> None:
+    """Tell a watchdog of :func:`start_watchdog` that its parent is done: it stops what still
+    carries its token (normally nothing) and exits; wait for it (kill it after ``timeout``)."""
+    if proc is None:
+        return
+    with contextlib.suppress(OSError):
+        proc.stdin.write(b"done\n")  # type: ignore[union-attr]
+        proc.stdin.close()  # type: ignore[union-attr]
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class _Lifetime:
     """State of one :func:`command_lifetime` (the watchdog process and the token)."""
 
@@ -350,11 +377,8 @@ def command_lifetime(watchdog: bool = True) -> Iterator[_Lifetime]:
     """
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
     old_env = os.environ.get(LIFELINE_ENV)
-    proc = None
-    if watchdog and os.path.isdir("/proc"):  # started before the token: it does not carry it
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chexnet_utils.processes", str(os.getpid()), token],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+    # started before the token is set: the watchdog does not carry it
+    proc = start_watchdog(os.getpid(), token) if watchdog else None
     os.environ[LIFELINE_ENV] = ",".join(lifeline_tokens() + [token])
     handlers: dict[int, object] = {}
     import threading
@@ -376,15 +400,7 @@ def command_lifetime(watchdog: bool = True) -> Iterator[_Lifetime]:
             os.environ[LIFELINE_ENV] = old_env
         _depth[0] -= 1
         _received[:] = outer_received
-        if proc is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.write(b"done\n")  # type: ignore[union-attr]
-                proc.stdin.close()  # type: ignore[union-attr]  # "done": clean up now
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        release_watchdog(proc)  # "done": clean up now
 
 
 def interruption(exc: KeyboardInterrupt) -> str:

@@ -26,7 +26,7 @@ import socket
 from collections.abc import Mapping, Sequence
 
 from chexnet_utils import slurm as S
-from chexnet_utils.distributed import MPICluster
+from chexnet_utils.distributed import MPICluster, mpirun_option_given
 
 LAUNCHERS = ("srun", "mpirun")
 
@@ -95,7 +95,7 @@ class SlurmCluster(MPICluster):
             args = []
             if self.map_by:
                 args += ["--map-by", self.map_by]
-            if self.bind_to:
+            if self.bind_to and not mpirun_option_given(self.mpi_args, "bind-to"):
                 args += ["--bind-to", self.bind_to]
             start = " ".join(["mpiexec", "-n", "{n}", escape(shlex.join(args + self.mpi_args))])
             start = start.rstrip()

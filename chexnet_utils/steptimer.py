@@ -257,16 +257,22 @@ def mwms_setup_on_engine(ports: Sequence[int], implementation: str = "ring") -> 
     engines, call this first, and only then run anything else on them.
 
     TensorFlow's gRPC server binds its port on all interfaces (the ``TF_CONFIG`` host only
-    tells the peers where to connect), unauthenticated, for the life of the process:
-    firewall it on a machine reachable from an untrusted network.
+    tells the peers where to connect), unauthenticated, for the life of the process. So
+    :func:`chexnet_utils.exposure.require_private_network` is asked first, before
+    TensorFlow is imported: a :class:`~chexnet_utils.exposure.SharedHostError` where other
+    accounts could reach the server; its answer is the result's ``"exposure"``.
     """
+    from chexnet_utils.exposure import require_private_network
+
+    exposure = require_private_network("MultiWorkerMirroredStrategy server")
     import tensorflow as tf
 
     quiet_tensorflow()
     key = ",".join(str(p) for p in ports)
     if _MWMS.get("key") == key:
         s = _MWMS["strategy"]
-        return {"rank": mpi_rank(), "replicas": s.num_replicas_in_sync, "reused": True}
+        return {"rank": mpi_rank(), "replicas": s.num_replicas_in_sync, "reused": True,
+                "exposure": exposure}
     if _MWMS:
         raise RuntimeError("this process already has a MultiWorkerMirroredStrategy for other "
                            "ports; TensorFlow cannot create a second one (restart the engines)")
@@ -286,7 +292,7 @@ def mwms_setup_on_engine(ports: Sequence[int], implementation: str = "ring") -> 
     _MWMS.update(key=key, strategy=strategy)
     return {"rank": rank, "replicas": strategy.num_replicas_in_sync, "reused": False,
             "tf_config": json.loads(os.environ["TF_CONFIG"]),
-            "implementation": implementation}
+            "implementation": implementation, "exposure": exposure}
 
 
 def mwms_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,

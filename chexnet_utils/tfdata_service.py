@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.devices import usable_cpus
+from chexnet_utils.exposure import require_private_network
 from chexnet_utils.processes import set_parent_death_signal, wait_gone
 
 if TYPE_CHECKING:
@@ -160,6 +161,11 @@ class TFDataService:
     ``dispatcher_cpus`` the dispatcher. ``heartbeat_ms`` is how often workers report to the
     dispatcher, ``worker_timeout_ms`` how long the dispatcher waits before declaring a
     silent worker dead.
+
+    The servers run any graph a client sends, unauthenticated, on ``[::]``: :meth:`start`
+    and :meth:`add_worker` first ask :func:`chexnet_utils.exposure.require_private_network`
+    (a :class:`~chexnet_utils.exposure.SharedHostError` where other accounts could reach
+    them, before any process starts) and keep its answer in :attr:`exposure`.
     """
 
     def __init__(self, num_workers: int = 1,
@@ -179,6 +185,8 @@ class TFDataService:
         self.env = env
         self.dispatcher: ServiceProcess | None = None
         self.workers: list[ServiceProcess] = []
+        self.exposure: str | None = None
+        """Who can reach the servers (one line, from the last start or added worker)."""
 
     # -- lifecycle -------------------------------------------------------------------------
     def _spawn(self, role: str, args: list[str], cpus: Iterable[int] | None) -> ServiceProcess:
@@ -197,6 +205,7 @@ class TFDataService:
         """Start the dispatcher, then the workers; return once every worker has registered."""
         if self.dispatcher is not None:
             raise RuntimeError("the service is already running")
+        self.exposure = require_private_network("tf.data service")
         try:
             self.dispatcher = self._spawn(
                 "dispatcher", ["--worker-timeout-ms", str(self.worker_timeout_ms)],
@@ -217,6 +226,7 @@ class TFDataService:
         """Start one more worker (e.g. to replace a dead one)."""
         if self.dispatcher is None:
             raise RuntimeError("start the service first")
+        self.exposure = require_private_network("tf.data service")
         w = self._spawn("worker", self._worker_args(), cpus)
         self.workers.append(w)
         return w

@@ -125,6 +125,20 @@ as "$learner" "$LPY" -m pytest -p no:cacheprovider -q --durations=5 tests/unit \
 echo "nonroot-check: the tests took $(( $(date +%s) - start )) s as $learner"
 others_intact "the learner's tests"
 
+# an unauthenticated server beside another account's process: refused, nothing started (#30)
+as "$learner" "$LPY" -c 'from chexnet_utils.exposure import SharedHostError
+from chexnet_utils.tfdata_service import TFDataService
+svc = TFDataService(num_workers=1)
+try:
+    svc.start()
+except SharedHostError as e:
+    assert svc.dispatcher is None and not svc.workers
+    print("nonroot-check: the tf.data service refused to start:", str(e)[:110], "...")
+else:
+    svc.stop()
+    raise SystemExit("the tf.data service started beside another account")' \
+  || fail "the tf.data service did not refuse on a shared host"
+
 # the clean-up itself, as the learner and as root: neither touches another account's segments
 as "$learner" "$LPY" -c 'from chexnet_utils.processes import remove_orphan_shm_segments as r
 print("nonroot-check: the learner removed its own orphans:", r())' \

@@ -50,6 +50,10 @@ def test_context_manager_runs_on_every_rank_and_leaves_nothing_behind():
                      for c in psutil.Process(pid).net_connections(kind="tcp")
                      if c.status == psutil.CONN_LISTEN]
         assert listening and set(listening) == {"127.0.0.1"}
+        # unbound by default, as horovodrun leaves its ranks (#25 item 4): every engine may
+        # run on every core this process may use
+        affinities = [psutil.Process(i["pid"]).cpu_affinity() for i in infos]
+    assert all(sorted(a) == sorted(os.sched_getaffinity(0)) for a in affinities), affinities
     assert [i["rank"] for i in infos] == [0, 1]
     assert {i["pid"] for i in infos} <= pids
     assert len(pids) >= 4  # controller, mpiexec, two engines (and nannies)

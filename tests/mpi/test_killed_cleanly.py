@@ -168,17 +168,18 @@ def test_tutorial(run, tmp_path, sig):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_lab(run, tmp_path, sig):
+    import secrets
+
     from chexnet_utils.lab import free_port
 
-    port, token = free_port(), "t0k3n"
+    port, token = free_port(), secrets.token_hex(16)
     state = tmp_path / "jupyter"
     env = {"JUPYTER_CONFIG_DIR": str(state / "config"), "JUPYTER_RUNTIME_DIR": str(state / "rt"),
            "JUPYTER_DATA_DIR": os.environ.get("JUPYTER_DATA_DIR", ""),
-           "IPYTHONDIR": str(state / "ipython")}
+           "IPYTHONDIR": str(state / "ipython"), "JUPYTER_TOKEN": token}
     env = {k: v for k, v in env.items() if v}
     cmd = run("--notebook-dir", tmp_path, f"--port={port}", "--no-browser",
-              "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-              module="chexnet_utils.lab", env=env)
+              "--ServerApp.port_retries=0", module="chexnet_utils.lab", env=env)
 
     def api(path: str, method: str = "GET"):
         req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
@@ -193,3 +194,55 @@ def test_lab(run, tmp_path, sig):
     assert api("/api/kernels", "POST"), "could not start a kernel"
     cmd.wait_for(lambda: cmd.descendants("ipykernel"), "the kernel process")
     signal_and_check(cmd, sig, min_procs=2)  # the server and its kernel
+
+
+# ---- a kernel that dies with a cluster up (issue 27) -----------------------------------------
+
+def test_a_killed_kernel_leaves_no_cluster_behind(tmp_path):
+    """SIGKILL of the process that started an ``MPICluster`` (a kernel killed by the
+    out-of-memory killer, or one that exits because its server went away): the cluster's
+    watchdog stops the controller, ``mpiexec``, the engines and their nannies, and exits."""
+    import selectors
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from chexnet_utils.processes import wait_pids_gone
+
+    script = tmp_path / "kernel.py"
+    script.write_text("import json, os, time\n"
+                      "from chexnet_utils.distributed import MPICluster\n"
+                      "c = MPICluster(n=2).start()\n"
+                      "print(json.dumps({'pids': sorted(c.pids()), 'token': c.lifeline}), "
+                      "flush=True)\n"
+                      "time.sleep(600)\n")
+    kernel = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    pids: list[int] = []
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(kernel.stdout, selectors.EVENT_READ)
+        assert sel.select(timeout=120), "the cluster did not start within 120 s"
+        started = json.loads(kernel.stdout.readline())
+        pids = started["pids"]
+        watchdogs = [p.pid for p in psutil.process_iter(["cmdline"])
+                     if p.info["cmdline"] and "chexnet_utils.processes" in p.info["cmdline"]
+                     and started["token"] in p.info["cmdline"]]
+        assert len(pids) >= 4 and len(watchdogs) == 1  # controller, mpiexec, 2 engines, ...
+        t0 = time.monotonic()
+        kernel.kill()
+        kernel.wait()
+        left = wait_pids_gone(pids + watchdogs, timeout=20)
+        assert left == [], f"alive {time.monotonic() - t0:.0f} s after the kernel's SIGKILL: " \
+                           f"{[' '.join(psutil.Process(p).cmdline())[:80] for p in left]}"
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+            kernel.wait()
+        for pid in pids:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass

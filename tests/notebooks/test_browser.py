@@ -1,6 +1,6 @@
 """Browser check: each notebook opens in JupyterLab (as ``make lab`` starts it) and renders.
 
-JupyterLab runs headless on loopback (a free port, a known token) over a temporary copy of
+JupyterLab runs headless on loopback (a free port, a random token passed in its environment) over a temporary copy of
 ``notebooks/``, so the committed notebooks get no kernel metadata, autosave or checkpoints.
 Debian's Chromium, driven by Playwright, opens each ``notebooks/NN_*.ipynb`` and must show
 the notebook's title (the first ``# `` heading of its first markdown cell) as a rendered h1,
@@ -109,6 +109,13 @@ def lab(tmp_path_factory):
     server = LabServer(root)
     try:
         with server:
+            # #30 item 3: the token is random and on no command line (`ps` shows those to
+            # every account); the server and its kernels get it in their environment
+            assert len(server.token) == 32 and server.process is not None
+            cmdlines = [" ".join(p.cmdline()) for p in
+                        [psutil.Process(server.process.pid),
+                         *psutil.Process(server.process.pid).children(recursive=True)]]
+            assert not [c for c in cmdlines if server.token in c], cmdlines
             yield server
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -459,7 +459,7 @@ def test_the_sbatch_template_quotes_mpi_arguments_and_refuses_line_breaks():
 
     mpirun = SlurmCluster(n=2, launcher="mpirun", mpi_args=["-x", "NOTE=a b"]).batch_template()
     assert mpirun.splitlines()[-1] == \
-        "exec mpiexec -n {n} -x 'NOTE=a b' {program_and_args} --mpi"
+        "exec mpiexec -n {n} --bind-to none -x 'NOTE=a b' {program_and_args} --mpi"
     with pytest.raises(ValueError, match=r"sbatch option '--comment=x\\n/bin/rm -rf ~' "
                                          "contains a line break"):
         SlurmCluster(n=2, sbatch_options=["--comment=x\n/bin/rm -rf ~"]).batch_template()

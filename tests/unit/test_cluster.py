@@ -15,6 +15,21 @@ def test_mpiexec_options_are_passed_through():
         MPICluster(n=0)
 
 
+def test_engines_are_unbound_by_default_as_horovodrun_leaves_them():
+    """#25 item 4: the default binding is explicit (horovodrun's -bind-to none); None means
+    Open MPI's own default (no --bind-to); a --bind-to in mpi_args (a GPU binding plan) wins."""
+    from chexnet_utils.distributed import HOROVODRUN_BIND_TO, mpirun_option_given
+
+    assert HOROVODRUN_BIND_TO == "none"
+    assert MPICluster(n=2)._mpiexec_args()[:2] == ["--bind-to", "none"]
+    assert "--bind-to" not in MPICluster(n=2, bind_to=None)._mpiexec_args()
+    plan = ["--map-by", "ppr:1:socket", "--bind-to", "socket"]
+    args = MPICluster(n=2, mpi_args=plan)._mpiexec_args()
+    assert args.count("--bind-to") == 1 and args[-4:] == plan
+    assert mpirun_option_given(["-bind-to=core"], "bind-to")
+    assert not mpirun_option_given(["-x", "bind-to"], "bind-to")
+
+
 def test_curve_is_on_exactly_when_the_controller_leaves_loopback():
     from chexnet_utils.distributed import MPICluster
 

@@ -49,7 +49,7 @@ def test_engine_batch_script_srun_and_mpirun():
     assert lines[-1] == "exec srun --mpi=pmix {program_and_args} --mpi"
     mpirun = SlurmCluster(n=2, launcher="mpirun", map_by="socket").batch_template()
     assert mpirun.splitlines()[-1] == \
-        "exec mpiexec -n {n} --map-by socket {program_and_args} --mpi"
+        "exec mpiexec -n {n} --map-by socket --bind-to none {program_and_args} --mpi"
     with pytest.raises(ValueError, match="launcher"):
         SlurmCluster(launcher="ssh")
 
