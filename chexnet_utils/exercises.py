@@ -30,6 +30,7 @@ notebook exercise                      check
 03       3 CAM (your function)         :func:`check_cam`
 03       4 old pipeline, full size     :func:`check_full_size_prediction`
 04       4 old pipeline on n workers   :func:`check_old_pipeline_efficiency`
+04       6 your Horovod conversion     :func:`check_horovod_conversion`
 05       1, 2 predicted efficiency     :func:`check_efficiency`
 05       3 parameter-server shards     :func:`check_ps_shards`
 05       4 a 10 ms cycle time          :func:`check_which_is_faster`
@@ -55,6 +56,7 @@ __all__ = [
     "check_efficiency",
     "check_full_size_prediction",
     "check_gpu_capabilities",
+    "check_horovod_conversion",
     "check_images_per_patient",
     "check_old_pipeline_efficiency",
     "check_ps_shards",
@@ -66,6 +68,7 @@ __all__ = [
     "check_thread_budget",
     "check_which_is_faster",
     "check_worker_shares",
+    "judge_conversion",
 ]
 
 SAME = "same"
@@ -646,3 +649,52 @@ def check_ps_shards(answer: int | None, n_workers: int = 64) -> bool:
          f"a ring worker's {2 * (n_workers - 1) / n_workers:.3f} x size"
          if value is not None and value > 0 and abs(value - bound) < 2 else
          "set N x size / k <= 2(N-1)/N x size and solve for the smallest whole k."))
+
+
+# ---------------------------------------------------------------------------------------
+# 04 distributed training
+# ---------------------------------------------------------------------------------------
+
+def check_horovod_conversion(answer: Callable[..., Any] | None, n_workers: int = 2,
+                             run: Callable[..., list[dict[str, Any]]] | None = None) -> bool:
+    """04 exercise 6: your ``to_horovod(model, optimizer, loss_fn)`` turns a one-worker
+    step into a Horovod step. The check starts ``n_workers`` MPI engines (or uses ``run``,
+    a running cluster's ``cluster.run``), runs
+    :func:`chexnet_utils.horovod_keras.conversion_trial` with your function on every engine
+    and compares the ranks: the same start (change 5), the learning rate scaled (change 3),
+    the same weights after training on different data (change 4)."""
+    from chexnet_utils.horovod_keras import conversion_trial
+
+    if _missing(answer, "write to_horovod (the cell above) and set answer = to_horovod"):
+        return False
+    if run is None:
+        from chexnet_utils.distributed import MPICluster
+
+        with MPICluster(n=n_workers) as cluster:
+            return judge_conversion(cluster.run(conversion_trial, answer, timeout=300))
+    return judge_conversion(run(conversion_trial, answer, timeout=300))
+
+
+def judge_conversion(ranks: Sequence[Mapping[str, Any]]) -> bool:
+    """The verdict on the per-rank reports of ``conversion_trial`` (see above)."""
+    size, base = len(ranks), float(ranks[0]["base_lr"])
+    errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r["error"]]
+    if errors:
+        return _verdict(False, "", f"{errors[0]}. If Horovod cannot key a gradient, ask the "
+                        "tape for those of [v.value for v in model.trainable_variables].")
+    if len({r["start"] for r in ranks}) > 1:
+        return _verdict(False, "", "the ranks start from different weights: broadcast rank "
+                        "0's model and optimizer variables before the first step (change 5).")
+    lrs = {round(float(r["lr"]) / base, 6) for r in ranks}
+    if lrs - {round(size, 6), round(math.sqrt(size), 6)} or len(lrs) > 1:
+        return _verdict(False, "", f"the learning rate is {sorted(lrs)} x the one-worker "
+                        f"value; raise it with the workers: x hvd.size() (change 3).")
+    if len({r["end"] for r in ranks}) > 1:
+        return _verdict(False, "", "the ranks ended with different weights: the gradients "
+                        "were not averaged; wrap the tape in hvd.DistributedGradientTape "
+                        "(change 4).")
+    if ranks[0]["end"] == ranks[0]["start"]:
+        return _verdict(False, "", "the weights did not change: does your step apply the "
+                        "gradients?")
+    return _verdict(True, f"{size} ranks started from rank 0's weights, trained on their own "
+                    "data and ended identical, with the learning rate scaled.", "")

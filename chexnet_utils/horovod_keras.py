@@ -351,3 +351,53 @@ def error_line(exc: BaseException, name: str) -> str:
     passes on) that names ``name`` (e.g. ``"RanksDiverged"``), else the first line."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return next((line for line in lines if name in line), lines[0] if lines else repr(exc))
+
+
+# ---- notebook 04's conversion exercise -------------------------------------------------------
+
+def conversion_trial(convert: Callable[[Any, Any, Any], Callable[[Any, Any], Any]],
+                     steps: int = 3, image_size: int = 32, batch_size: int = 8,
+                     base_lr: float = 1e-3) -> dict[str, Any]:
+    """Run on every engine: try a learner's one-worker -> Horovod conversion.
+
+    ``convert(model, optimizer, loss_fn)`` gets a freshly built small CheXNet (a different
+    random start on every rank, on purpose), its built ``Adam(base_lr)`` and a binary
+    cross-entropy, does what must happen before training, and returns the training step
+    ``step(images, labels)``. Every rank then runs ``steps`` steps on data of its own.
+    Returns this rank's sha256 digests of the trainable weights before ``convert``
+    (``built``), after it (``start``) and after the steps (``end``), the learning rate it
+    left (``lr``) and the error it or a step raised (``error``, else ``None``), for
+    :func:`chexnet_utils.exercises.check_horovod_conversion` to judge.
+    """
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    from chexnet_utils.models import build_chexnet
+
+    hvd.init()
+    keras.utils.set_random_seed(hvd.rank())
+    model = build_chexnet("small", image_size)
+    optimizer = keras.optimizers.Adam(base_lr)
+    optimizer.build(model.trainable_variables)
+    out: dict[str, Any] = {"rank": hvd.rank(), "size": hvd.size(), "base_lr": base_lr,
+                           "built": weights_sha256(model.trainable_weights), "error": None}
+    rng = np.random.default_rng(11 + hvd.rank())  # each rank its own data
+    # A function that travelled by value (cloudpickle) has no source file: AutoGraph warns
+    # that it cannot convert it and runs it as written, which is what a step needs.
+    logger, level = tf.get_logger(), tf.get_logger().level
+    logger.setLevel("ERROR")
+    try:
+        step = convert(model, optimizer, keras.losses.BinaryCrossentropy())
+        out["start"] = weights_sha256(model.trainable_weights)
+        out["lr"] = float(np.asarray(optimizer.learning_rate))
+        for _ in range(steps):
+            x = rng.random((batch_size, image_size, image_size, 3), dtype=np.float32)
+            y = (rng.random((batch_size, 14)) < 0.3).astype(np.float32)
+            step(tf.constant(x), tf.constant(y))
+        out["end"] = weights_sha256(model.trainable_weights)
+    except Exception as e:  # the learner's code: report, do not crash the engine
+        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        logger.setLevel(level)
+    return out

@@ -269,3 +269,32 @@ def test_notebooks_call_existing_checks_and_every_check_is_used():
     public = {name for name in exercises.__all__ if name.startswith("check_")}
     assert called - public == set(), "notebooks call checks that do not exist"
     assert public - called == set(), "checks no notebook uses"
+
+
+def _reports(**change):
+    """Two ranks' conversion_trial reports of a correct conversion, with ``change`` applied to
+    rank 1 (or to both for ``lr``)."""
+    ranks = [{"rank": r, "size": 2, "base_lr": 1e-3, "built": f"b{r}", "start": "s", "end": "e",
+              "lr": 2e-3, "error": None} for r in range(2)]
+    for key, value in change.items():
+        for r in (ranks if key == "lr" else ranks[1:]):
+            r[key] = value
+    return ranks
+
+
+@pytest.mark.parametrize("change, hint", [
+    ({"error": "AttributeError: 'Variable' object has no attribute 'ref'"}, "v.value"),
+    ({"start": "other"}, "broadcast"),           # no hvd.broadcast_variables
+    ({"lr": 1e-3}, "learning rate"),              # the one-worker learning rate
+    ({"end": "other"}, "DistributedGradientTape"),  # gradients not averaged
+])
+def test_horovod_conversion_wrong_versions_get_their_hint(capsys, change, hint):
+    assert exercises.judge_conversion(_reports(**change)) is False
+    out = capsys.readouterr().out
+    assert out.startswith("Not yet: ") and hint in out, out
+
+
+def test_horovod_conversion_right_versions_pass(capsys):
+    assert verdict(capsys, exercises.judge_conversion(_reports())) is True
+    assert verdict(capsys, exercises.judge_conversion(_reports(lr=1e-3 * math.sqrt(2)))) is True
+    assert exercises.check_horovod_conversion(None) is False

@@ -59,7 +59,6 @@ LESSON_APIS: dict[str, tuple[str, ...]] = {
 }
 
 PENDING_LESSONS: dict[str, str] = {
-    "04_distributed_training_horovod": "#24: the six changes in %%px cells, apply_sync/apply_async",
     "05_communication_and_scaling": "#24: the numpy ring, the PS average, Horovod vs MWMS as code",
 }
 """Notebooks whose lesson code has not moved into their cells yet (issue #24, open): their
