@@ -61,6 +61,7 @@ from chexnet_utils.steptimer import (
     free_local_port,
     hvd_throughput_on_engine,
     mwms_setup_on_engine,
+    mwms_strategy,
     tf_config,
 )
 
@@ -71,7 +72,7 @@ __all__ = [
     "parameter_server_times", "allreduce_burst_times", "allreduce_scan_on_engine",
     # steptimer
     "StepConfig", "hvd_throughput_on_engine", "free_local_port", "tf_config",
-    "mwms_setup_on_engine", "backend_throughput_on_engine",
+    "mwms_setup_on_engine", "mwms_strategy", "backend_throughput_on_engine",
     # costmodel
     "algbw", "busbw", "fit_alpha_beta", "predict", "predict_ring", "predict_ps",
     "scaling_efficiency_prediction", "simulate_ring_allreduce", "simulate_parameter_server",

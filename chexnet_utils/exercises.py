@@ -31,6 +31,7 @@ notebook exercise                      check
 03       4 old pipeline, full size     :func:`check_full_size_prediction`
 04       4 old pipeline on n workers   :func:`check_old_pipeline_efficiency`
 04       6 your Horovod conversion     :func:`check_horovod_conversion`
+04       7 uneven shards, ``hvd.join`` :func:`check_uneven_shards`
 05       1, 2 predicted efficiency     :func:`check_efficiency`
 05       3 parameter-server shards     :func:`check_ps_shards`
 05       4 a 10 ms cycle time          :func:`check_which_is_faster`
@@ -66,9 +67,9 @@ __all__ = [
     "check_shard_layout",
     "check_step_times",
     "check_thread_budget",
+    "check_uneven_shards",
     "check_which_is_faster",
     "check_worker_shares",
-    "judge_conversion",
 ]
 
 SAME = "same"
@@ -655,46 +656,45 @@ def check_ps_shards(answer: int | None, n_workers: int = 64) -> bool:
 # 04 distributed training
 # ---------------------------------------------------------------------------------------
 
-def check_horovod_conversion(answer: Callable[..., Any] | None, n_workers: int = 2,
+def check_horovod_conversion(answer: tuple[Callable[..., Any], Callable[..., Any]] | None,
+                             n_workers: int = 2,
                              run: Callable[..., list[dict[str, Any]]] | None = None) -> bool:
-    """04 exercise 6: your ``to_horovod(model, optimizer, loss_fn)`` turns a one-worker
-    step into a Horovod step. The check starts ``n_workers`` MPI engines (or uses ``run``,
-    a running cluster's ``cluster.run``), runs
-    :func:`chexnet_utils.horovod_keras.conversion_trial` with your function on every engine
-    and compares the ranks: the same start (change 5), the learning rate scaled (change 3),
-    the same weights after training on different data (change 4)."""
-    from chexnet_utils.horovod_keras import conversion_trial
+    """04 exercise 6: ``answer = (to_horovod, save)``, your conversion of a one-worker step
+    (``to_horovod(model, optimizer, loss_fn)`` returns ``step(images, labels)``) and of its
+    checkpoint (``save(model, folder)``), run on fresh engines (or through ``run``) by
+    :func:`chexnet_utils.horovod_keras.conversion_trial`; the ranks compared."""
+    import tempfile
 
-    if _missing(answer, "write to_horovod (the cell above) and set answer = to_horovod"):
+    from chexnet_utils.horovod_keras import conversion_problem, conversion_trial, run_on_engines
+
+    if _missing(answer, "convert the two functions above and set answer = (to_horovod, save)"):
         return False
-    if run is None:
-        from chexnet_utils.distributed import MPICluster
+    if callable(answer) or len(answer) != 2:
+        return _verdict(False, "", "answer is the pair of your two functions: "
+                        "answer = (to_horovod, save).")
+    with tempfile.TemporaryDirectory(prefix="chexnet-ex6-") as out:
+        ranks = run_on_engines(conversion_trial, *answer, out, n_workers=n_workers, run=run)
+    problem = conversion_problem(ranks)
+    return _verdict(problem is None, f"{len(ranks)} ranks started from rank 0's weights, "
+                    "trained on their own data and ended identical, with the learning rate "
+                    "scaled; only rank 0 wrote its checkpoint.", problem or "")
 
-        with MPICluster(n=n_workers) as cluster:
-            return judge_conversion(cluster.run(conversion_trial, answer, timeout=300))
-    return judge_conversion(run(conversion_trial, answer, timeout=300))
 
+def check_uneven_shards(answer: Callable[..., Any] | None, n_workers: int = 2,
+                        run: Callable[..., list[Any]] | None = None, timeout: float = 90) -> bool:
+    """04 exercise 7: your ``train_all(step, batches, model)`` on shards of unequal size
+    (:func:`chexnet_utils.horovod_keras.join_trial`: 4 batches on rank 0, 2 on rank 1):
+    every rank trains on all its batches, no rank hangs, the ranks end identical."""
+    from chexnet_utils.distributed import EngineFailure
+    from chexnet_utils.horovod_keras import join_problem, join_trial, run_on_engines
 
-def judge_conversion(ranks: Sequence[Mapping[str, Any]]) -> bool:
-    """The verdict on the per-rank reports of ``conversion_trial`` (see above)."""
-    size, base = len(ranks), float(ranks[0]["base_lr"])
-    errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r["error"]]
-    if errors:
-        return _verdict(False, "", f"{errors[0]}. If Horovod cannot key a gradient, ask the "
-                        "tape for those of [v.value for v in model.trainable_variables].")
-    if len({r["start"] for r in ranks}) > 1:
-        return _verdict(False, "", "the ranks start from different weights: broadcast rank "
-                        "0's model and optimizer variables before the first step (change 5).")
-    lrs = {round(float(r["lr"]) / base, 6) for r in ranks}
-    if lrs - {round(size, 6), round(math.sqrt(size), 6)} or len(lrs) > 1:
-        return _verdict(False, "", f"the learning rate is {sorted(lrs)} x the one-worker "
-                        f"value; raise it with the workers: x hvd.size() (change 3).")
-    if len({r["end"] for r in ranks}) > 1:
-        return _verdict(False, "", "the ranks ended with different weights: the gradients "
-                        "were not averaged; wrap the tape in hvd.DistributedGradientTape "
-                        "(change 4).")
-    if ranks[0]["end"] == ranks[0]["start"]:
-        return _verdict(False, "", "the weights did not change: does your step apply the "
-                        "gradients?")
-    return _verdict(True, f"{size} ranks started from rank 0's weights, trained on their own "
-                    "data and ended identical, with the learning rate scaled.", "")
+    if _missing(answer, "write train_all (the cell above) and set answer = train_all"):
+        return False
+    try:  # a rank left in an allreduce never returns: the timeout ends the job
+        ranks = run_on_engines(join_trial, answer, n_workers=n_workers, run=run, timeout=timeout)
+    except EngineFailure as e:
+        return _verdict(False, "", f"the job hung ({e}): the rank with more batches waits in "
+                        "an allreduce nobody joins; call hvd.join() after your loop.")
+    problem = join_problem(ranks)
+    return _verdict(problem is None, "every rank trained on all its batches, nobody hung, "
+                    "and the ranks ended identical.", problem or "")

@@ -356,19 +356,23 @@ def error_line(exc: BaseException, name: str) -> str:
 # ---- notebook 04's conversion exercise -------------------------------------------------------
 
 def conversion_trial(convert: Callable[[Any, Any, Any], Callable[[Any, Any], Any]],
-                     steps: int = 3, image_size: int = 32, batch_size: int = 8,
+                     save: Callable[[Any, str], Any], out_dir: str, steps: int = 3,
+                     image_size: int = 32, batch_size: int = 8,
                      base_lr: float = 1e-3) -> dict[str, Any]:
     """Run on every engine: try a learner's one-worker -> Horovod conversion.
 
     ``convert(model, optimizer, loss_fn)`` gets a freshly built small CheXNet (a different
     random start on every rank, on purpose), its built ``Adam(base_lr)`` and a binary
     cross-entropy, does what must happen before training, and returns the training step
-    ``step(images, labels)``. Every rank then runs ``steps`` steps on data of its own.
-    Returns this rank's sha256 digests of the trainable weights before ``convert``
-    (``built``), after it (``start``) and after the steps (``end``), the learning rate it
-    left (``lr``) and the error it or a step raised (``error``, else ``None``), for
+    ``step(images, labels)``. Every rank then runs ``steps`` steps on data of its own and
+    calls ``save(model, folder)`` with a folder of its own under ``out_dir``. Returns this
+    rank's sha256 digests of the trainable weights before ``convert`` (``built``), after it
+    (``start``) and after the steps (``end``), the learning rate it left (``lr``), whether it
+    wrote files (``wrote``) and the error it raised (``error``, else ``None``), for
     :func:`chexnet_utils.exercises.check_horovod_conversion` to judge.
     """
+    import os
+
     import horovod.tensorflow as hvd
     import keras
     import tensorflow as tf
@@ -382,6 +386,8 @@ def conversion_trial(convert: Callable[[Any, Any, Any], Callable[[Any, Any], Any
     optimizer.build(model.trainable_variables)
     out: dict[str, Any] = {"rank": hvd.rank(), "size": hvd.size(), "base_lr": base_lr,
                            "built": weights_sha256(model.trainable_weights), "error": None}
+    folder = os.path.join(out_dir, f"rank-{hvd.rank()}")
+    os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(11 + hvd.rank())  # each rank its own data
     # A function that travelled by value (cloudpickle) has no source file: AutoGraph warns
     # that it cannot convert it and runs it as written, which is what a step needs.
@@ -396,8 +402,127 @@ def conversion_trial(convert: Callable[[Any, Any, Any], Callable[[Any, Any], Any
             y = (rng.random((batch_size, 14)) < 0.3).astype(np.float32)
             step(tf.constant(x), tf.constant(y))
         out["end"] = weights_sha256(model.trainable_weights)
+        save(model, folder)
+        out["wrote"] = bool(os.listdir(folder))
     except Exception as e:  # the learner's code: report, do not crash the engine
         out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
         logger.setLevel(level)
     return out
+
+
+def conversion_problem(ranks: Sequence[dict[str, Any]]) -> str | None:
+    """What is wrong with a conversion, judged from every rank's :func:`conversion_trial`
+    report (``None``: nothing). In order: an error; different starts (change 5, the
+    broadcast); the learning rate not scaled (3; ``x N`` or ``x sqrt(N)``); different ends
+    (4, the averaging); no update; files from ranks other than 0 (6)."""
+    import math
+
+    size, base = len(ranks), float(ranks[0]["base_lr"])
+    errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r["error"]]
+    if errors:
+        return (f"{errors[0]}. If Horovod cannot key a gradient, ask the tape for those of "
+                "[v.value for v in model.trainable_variables].")
+    if len({r["start"] for r in ranks}) > 1:
+        return ("the ranks start from different weights: broadcast rank 0's model and "
+                "optimizer variables before the first step (change 5).")
+    lrs = {round(float(r["lr"]) / base, 6) for r in ranks}
+    if lrs - {round(size, 6), round(math.sqrt(size), 6)} or len(lrs) > 1:
+        return (f"the learning rate is {sorted(lrs)} x the one-worker value; raise it with "
+                "the workers: x hvd.size() (change 3).")
+    if len({r["end"] for r in ranks}) > 1:
+        return ("the ranks ended with different weights: the gradients were not averaged; "
+                "wrap the tape in hvd.DistributedGradientTape (change 4).")
+    if ranks[0]["end"] == ranks[0]["start"]:
+        return "the weights did not change: does the step apply the gradients?"
+    writers = [r["rank"] for r in ranks if r["wrote"]]
+    if writers != [0]:
+        return (f"ranks {writers} wrote files: write them from rank 0 only, the others "
+                "would overwrite or corrupt them (change 6).")
+    return None
+
+
+def run_on_engines(fn: Callable[..., Any], *args: Any, n_workers: int = 2,
+                   run: Callable[..., list[Any]] | None = None, timeout: float = 300
+                   ) -> list[Any]:
+    """``fn(*args)`` on every engine of a fresh ``n_workers``-engine MPI cluster, torn down
+    afterwards (or through ``run``, a running cluster's ``cluster.run``): the results in
+    rank order. A job that hangs (a rank waiting for a collective the others never join)
+    fails with :class:`~chexnet_utils.distributed.EngineFailure` after ``timeout`` s, and
+    the fresh cluster's teardown ends its engines."""
+    if run is not None:
+        return run(fn, *args, timeout=timeout)
+    from chexnet_utils.distributed import MPICluster
+
+    with MPICluster(n=n_workers) as cluster:
+        return cluster.run(fn, *args, timeout=timeout)
+
+
+# ---- notebook 04's uneven-shards exercise ------------------------------------------------------
+
+def join_trial(train_all: Callable[[Any, Any, Any], Any], batches_by_rank: Sequence[int] = (4, 2),
+               image_size: int = 32, batch_size: int = 8) -> dict[str, Any]:
+    """Run on every engine: a learner's ``train_all(step, batches, model)`` on uneven shards.
+
+    Rank ``r`` gets ``batches_by_rank[r % len(...)]`` batches of its own data, the same
+    broadcast start and a Horovod step (:func:`hvd.DistributedGradientTape`). Returns how
+    many of its batches the step ran (``ran``, of ``batches``) and the sha256 of the
+    trainable weights after ``train_all`` (``end``); a rank left waiting in a collective
+    never returns (the caller's timeout reports the hang)."""
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    from chexnet_utils.models import build_chexnet
+
+    hvd.init()
+    keras.utils.set_random_seed(0)
+    model = build_chexnet("small", image_size)
+    optimizer = keras.optimizers.SGD(0.05)
+    optimizer.build(model.trainable_variables)
+    hvd.broadcast_variables([v.value for v in model.variables + optimizer.variables], 0)
+    loss_fn = keras.losses.BinaryCrossentropy()
+
+    @tf.function
+    def hvd_step(images: Any, labels: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, [v.value for v in model.trainable_variables])
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    ran = [0]
+
+    def step(images: Any, labels: Any) -> Any:
+        ran[0] += 1
+        return hvd_step(images, labels)
+
+    rng = np.random.default_rng(21 + hvd.rank())
+    n = int(batches_by_rank[hvd.rank() % len(batches_by_rank)])
+    batches = [(tf.constant(rng.random((batch_size, image_size, image_size, 3), np.float32)),
+                tf.constant((rng.random((batch_size, 14)) < 0.3).astype(np.float32)))
+               for _ in range(n)]
+    error = None
+    try:
+        train_all(step, batches, model)
+    except Exception as e:  # the learner's code: report, do not crash the engine
+        error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e) else ''}"
+    return {"rank": hvd.rank(), "batches": n, "ran": ran[0], "error": error,
+            "end": weights_sha256(model.trainable_weights)}
+
+
+def join_problem(ranks: Sequence[dict[str, Any]]) -> str | None:
+    """What is wrong with a ``train_all`` judged from every rank's :func:`join_trial` report
+    (``None``: nothing): batches skipped, or ranks that ended with different weights."""
+    errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r.get("error")]
+    if errors:
+        return f"{errors[0]} (hvd.join() returns a tensor: int(...) makes it a rank)."
+    short = [r["rank"] for r in ranks if r["ran"] != r["batches"]]
+    if short:
+        return (f"ranks {short} did not train on all their batches: run every batch of "
+                "your shard, then hvd.join().")
+    if len({r["end"] for r in ranks}) > 1:
+        return ("no rank hung, but the ranks ended different: those that joined early missed "
+                "the last updates; broadcast the variables from the rank hvd.join() returns.")
+    return None

@@ -295,6 +295,14 @@ def mwms_setup_on_engine(ports: Sequence[int], implementation: str = "ring") -> 
             "implementation": implementation, "exposure": exposure}
 
 
+def mwms_strategy() -> Any:
+    """This process's ``MultiWorkerMirroredStrategy``, made by :func:`mwms_setup_on_engine`
+    (TensorFlow allows one per process). Run on a worker."""
+    if "strategy" not in _MWMS:
+        raise RuntimeError("call mwms_setup_on_engine(ports) on every engine first")
+    return _MWMS["strategy"]
+
+
 def mwms_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
                               **overrides: Any) -> dict[str, Any]:
     """Images/s of the same training step as :func:`hvd_throughput_on_engine`, with

@@ -231,17 +231,83 @@ def _keras_variables(m, o, f):
     return _one_worker(m, o, f, tape_wrap=True, broadcast=True, scale=True, value=False)
 
 
-@pytest.mark.parametrize("version, hint", [
-    (_right, None), (_no_broadcast, "broadcast"), (_no_tape, "DistributedGradientTape"),
-    (_keras_variables, None)])
-def test_conversion_check_tells_wrong_versions_apart(cluster, capsys, version, hint):
+def _save_on_rank_0(model, folder):
+    import os
+
+    import horovod.tensorflow as hvd
+
+    if hvd.rank() == 0:
+        model.save_weights(os.path.join(folder, "model.weights.h5"))
+
+
+def _save_everywhere(model, folder):
+    import os
+
+    model.save_weights(os.path.join(folder, "model.weights.h5"))
+
+
+@pytest.mark.parametrize("answer, hint", [
+    ((_right, _save_on_rank_0), None), ((_no_broadcast, _save_on_rank_0), "broadcast"),
+    ((_no_tape, _save_on_rank_0), "DistributedGradientTape"),
+    ((_right, _save_everywhere), "rank 0 only"),
+    ((_keras_variables, _save_on_rank_0), "no attribute 'ref'")],
+    ids=["right", "no-broadcast", "no-averaging", "every-rank-writes", "keras-variables"])
+def test_conversion_check_tells_wrong_versions_apart(cluster, capsys, answer, hint):
     from chexnet_utils import exercises
 
-    ok = exercises.check_horovod_conversion(version, run=cluster.run)
+    ok = exercises.check_horovod_conversion(answer, run=cluster.run)
     out = capsys.readouterr().out
-    if version is _right:
+    if hint is None:
         assert ok and "Correct: " in out, out
-    elif version is _keras_variables:  # Horovod cannot key Keras 3 variables
-        assert not ok and "Not yet: " in out and "no attribute 'ref'" in out, out
     else:
         assert not ok and "Not yet: " in out and hint in out, out
+
+
+# ---- notebook 04's uneven-shards exercise: hvd.join, then a broadcast ------------------------
+
+def _train_all_right(step, batches, model):
+    import horovod.tensorflow as hvd
+
+    for images, labels in batches:
+        step(images, labels)
+    last = int(hvd.join())
+    hvd.broadcast_variables([v.value for v in model.variables], root_rank=last)
+
+
+def _train_all_no_broadcast(step, batches, model):
+    import horovod.tensorflow as hvd
+
+    for images, labels in batches:
+        step(images, labels)
+    hvd.join()
+
+
+def _train_all_no_join(step, batches, model):
+    for images, labels in batches:
+        step(images, labels)
+
+
+@pytest.mark.parametrize("answer, hint", [(_train_all_right, None),
+                                          (_train_all_no_broadcast, "broadcast")],
+                         ids=["join-and-broadcast", "join-only"])
+def test_uneven_shards_check(cluster, capsys, answer, hint):
+    from chexnet_utils import exercises
+
+    ok = exercises.check_uneven_shards(answer, run=cluster.run)
+    out = capsys.readouterr().out
+    assert ok == (hint is None) and ("Correct: " if ok else hint) in out, out
+
+
+@pytest.mark.slow
+def test_uneven_shards_without_join_hang_and_are_reported(capsys):
+    """The wrong version hangs for real: the check's own cluster times out and is torn down
+    (its engines, stuck in an allreduce, are killed), and the verdict names hvd.join."""
+    import time
+
+    from chexnet_utils import exercises
+
+    t0 = time.perf_counter()
+    assert exercises.check_uneven_shards(_train_all_no_join, timeout=15) is False
+    out = capsys.readouterr().out
+    assert "hung" in out and "hvd.join()" in out, out
+    assert time.perf_counter() - t0 < 90

@@ -275,7 +275,7 @@ def _reports(**change):
     """Two ranks' conversion_trial reports of a correct conversion, with ``change`` applied to
     rank 1 (or to both for ``lr``)."""
     ranks = [{"rank": r, "size": 2, "base_lr": 1e-3, "built": f"b{r}", "start": "s", "end": "e",
-              "lr": 2e-3, "error": None} for r in range(2)]
+              "lr": 2e-3, "wrote": r == 0, "error": None} for r in range(2)]
     for key, value in change.items():
         for r in (ranks if key == "lr" else ranks[1:]):
             r[key] = value
@@ -287,14 +287,37 @@ def _reports(**change):
     ({"start": "other"}, "broadcast"),           # no hvd.broadcast_variables
     ({"lr": 1e-3}, "learning rate"),              # the one-worker learning rate
     ({"end": "other"}, "DistributedGradientTape"),  # gradients not averaged
+    ({"wrote": True}, "rank 0 only"),             # every rank writes its checkpoint
 ])
-def test_horovod_conversion_wrong_versions_get_their_hint(capsys, change, hint):
-    assert exercises.judge_conversion(_reports(**change)) is False
-    out = capsys.readouterr().out
-    assert out.startswith("Not yet: ") and hint in out, out
+def test_horovod_conversion_wrong_versions_get_their_hint(change, hint):
+    from chexnet_utils.horovod_keras import conversion_problem
+
+    assert hint in (conversion_problem(_reports(**change)) or "")
 
 
 def test_horovod_conversion_right_versions_pass(capsys):
-    assert verdict(capsys, exercises.judge_conversion(_reports())) is True
-    assert verdict(capsys, exercises.judge_conversion(_reports(lr=1e-3 * math.sqrt(2)))) is True
+    from chexnet_utils.horovod_keras import conversion_problem
+
+    assert conversion_problem(_reports()) is None
+    assert conversion_problem(_reports(lr=1e-3 * math.sqrt(2))) is None
     assert exercises.check_horovod_conversion(None) is False
+    assert verdict(capsys, exercises.check_horovod_conversion(print)) is False  # not a pair
+
+
+def test_uneven_shards_verdicts(capsys):
+    from chexnet_utils.horovod_keras import join_problem
+
+    ok = [{"rank": 0, "batches": 4, "ran": 4, "end": "e"}, {"rank": 1, "batches": 2, "ran": 2,
+                                                           "end": "e"}]
+    assert join_problem(ok) is None
+    assert "broadcast" in join_problem([ok[0], {**ok[1], "end": "x"}])
+    assert "all their batches" in join_problem([ok[0], {**ok[1], "ran": 1}])
+    assert exercises.check_uneven_shards(None) is False
+
+
+def test_uneven_shards_error_is_reported_not_raised():
+    from chexnet_utils.horovod_keras import join_problem
+
+    ranks = [{"rank": r, "batches": 2, "ran": 2, "end": "e",
+              "error": "TypeError: Expected int for argument 'root_rank'"} for r in range(2)]
+    assert "int(...)" in join_problem(ranks)

@@ -53,13 +53,14 @@ LESSON_APIS: dict[str, tuple[str, ...]] = {
     "05_communication_and_scaling": ("%%px", "hvd.allreduce(", "def ring_allreduce",
                                      "reduce_scatter", "allgather",
                                      "MultiWorkerMirroredStrategy", "hvd.DistributedGradientTape"),
+    "08_appendix_slurm": ("LocalSlurm(", "SlurmCluster(", '"sinfo"', '"squeue"',
+                          "slurm_horovod.sbatch", "wait_for_job"),
     "07_feeding_at_scale": (".cache(", ".snapshot(", "list_files(", ".shard(",
                             "keras.utils.PyDataset", "DispatchServer", "WorkerServer",
                             "service.distribute(", "require_private_network"),
 }
 
 PENDING_LESSONS: dict[str, str] = {
-    "05_communication_and_scaling": "#24: the numpy ring, the PS average, Horovod vs MWMS as code",
 }
 """Notebooks whose lesson code has not moved into their cells yet (issue #24, open): their
 API check is a *strict* expected failure, so converting one makes the check pass and the
