@@ -27,12 +27,12 @@ ROOT_SWITCHES = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"
 
 
 BIND_TO_ONE_CORE = ("core", "hwthread")
+"""``--bind-to`` values that give each rank a single core (or hardware thread)."""
 HOROVODRUN_BIND_TO = "none"
 """:class:`MPICluster`'s default ``--bind-to``: what ``horovodrun`` passes to ``mpirun``
 (``-bind-to none -map-by slot``: Horovod v0.28.1 ``docs/mpi.rst``, "Equivalent Open MPI
 command", and ``horovod/runner/mpi_run.py``), so that an engine's input pipeline can use the
 node's other cores."""
-"""``--bind-to`` values that give each rank a single core (or hardware thread)."""
 
 
 def mpi_env_overrides(n_procs: int = 1, base: Mapping[str, str] | None = None,

@@ -51,6 +51,15 @@ class RanksDiverged(RuntimeError):
     """The workers of a data-parallel job no longer hold the same trainable weights."""
 
 
+def random_batch(rng: np.random.Generator, n: int, image_size: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` synthetic images (uniform, float32 RGB) and 14 labels each (positive with
+    probability 0.3), drawn from ``rng``: the data of one rank in the checks below."""
+    x = rng.random((n, image_size, image_size, 3), dtype=np.float32)
+    y = (rng.random((n, 14)) < 0.3).astype(np.float32)
+    return x, y
+
+
 # ---- averaging the gradients -----------------------------------------------------------------
 
 def per_tensor_average(grads: Sequence[Any]) -> list[Any]:
@@ -232,8 +241,7 @@ def pattern_digests(pattern: str, steps: int = 3, image_size: int = 32,
     start = weights_sha256(model.trainable_weights)
     rng = np.random.default_rng(7 + hvd.rank())
     n = batch_size * steps
-    x = rng.random((n, image_size, image_size, 3), dtype=np.float32)
-    y = (rng.random((n, 14)) < 0.3).astype(np.float32)
+    x, y = random_batch(rng, n, image_size)
     model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False)
     return start, weights_sha256(model.trainable_weights)
 
@@ -265,8 +273,7 @@ def keras_optimizer_digests(steps: int = 4, batch_size: int = 8, image_size: int
     broadcast_model(model)
     start = weights_sha256(model.trainable_weights)
     rng = np.random.default_rng(1000 + hvd.rank())  # each rank its own data
-    x = rng.random((steps * batch_size, image_size, image_size, 3), dtype=np.float32)
-    y = (rng.random((steps * batch_size, 14)) < 0.3).astype(np.float32)
+    x, y = random_batch(rng, steps * batch_size, image_size)
     callbacks = [rank_agreement_callback(after_steps=2)] if check else []
     model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False,
               callbacks=callbacks)
@@ -331,8 +338,7 @@ def allreduce_enqueue_spread(mode: str, path: str, steps: int = 4, image_size: i
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="binary_crossentropy")
     model.gradient_reducer = AVERAGERS[mode]
     rng = np.random.default_rng(hvd.rank())
-    x = rng.random((batch_size, image_size, image_size, 3), dtype=np.float32)
-    y = (rng.random((batch_size, 14)) < 0.3).astype(np.float32)
+    x, y = random_batch(rng, batch_size, image_size)
     for _ in range(2):  # trace the step and fill Horovod's caches first
         model.train_on_batch(x, y)
     t0 = time.perf_counter()
@@ -354,6 +360,18 @@ def error_line(exc: BaseException, name: str) -> str:
 
 
 # ---- notebook 04's conversion exercise -------------------------------------------------------
+
+def _trial_model(seed: int, image_size: int, optimizer: Any) -> tuple[Any, Any]:
+    """The small CheXNet built from ``seed``, and ``optimizer`` built for its weights."""
+    import keras
+
+    from chexnet_utils.models import build_chexnet
+
+    keras.utils.set_random_seed(seed)
+    model = build_chexnet("small", image_size)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
 
 def conversion_trial(convert: Callable[[Any, Any, Any], Callable[[Any, Any], Any]],
                      save: Callable[[Any, str], Any], out_dir: str, steps: int = 3,
@@ -377,13 +395,8 @@ def conversion_trial(convert: Callable[[Any, Any, Any], Callable[[Any, Any], Any
     import keras
     import tensorflow as tf
 
-    from chexnet_utils.models import build_chexnet
-
     hvd.init()
-    keras.utils.set_random_seed(hvd.rank())
-    model = build_chexnet("small", image_size)
-    optimizer = keras.optimizers.Adam(base_lr)
-    optimizer.build(model.trainable_variables)
+    model, optimizer = _trial_model(hvd.rank(), image_size, keras.optimizers.Adam(base_lr))
     out: dict[str, Any] = {"rank": hvd.rank(), "size": hvd.size(), "base_lr": base_lr,
                            "built": weights_sha256(model.trainable_weights), "error": None}
     folder = os.path.join(out_dir, f"rank-{hvd.rank()}")
@@ -398,8 +411,7 @@ def conversion_trial(convert: Callable[[Any, Any, Any], Callable[[Any, Any], Any
         out["start"] = weights_sha256(model.trainable_weights)
         out["lr"] = float(np.asarray(optimizer.learning_rate))
         for _ in range(steps):
-            x = rng.random((batch_size, image_size, image_size, 3), dtype=np.float32)
-            y = (rng.random((batch_size, 14)) < 0.3).astype(np.float32)
+            x, y = random_batch(rng, batch_size, image_size)
             step(tf.constant(x), tf.constant(y))
         out["end"] = weights_sha256(model.trainable_weights)
         save(model, folder)
@@ -473,13 +485,8 @@ def join_trial(train_all: Callable[[Any, Any, Any], Any], batches_by_rank: Seque
     import keras
     import tensorflow as tf
 
-    from chexnet_utils.models import build_chexnet
-
     hvd.init()
-    keras.utils.set_random_seed(0)
-    model = build_chexnet("small", image_size)
-    optimizer = keras.optimizers.SGD(0.05)
-    optimizer.build(model.trainable_variables)
+    model, optimizer = _trial_model(0, image_size, keras.optimizers.SGD(0.05))
     hvd.broadcast_variables([v.value for v in model.variables + optimizer.variables], 0)
     loss_fn = keras.losses.BinaryCrossentropy()
 
@@ -500,8 +507,7 @@ def join_trial(train_all: Callable[[Any, Any, Any], Any], batches_by_rank: Seque
 
     rng = np.random.default_rng(21 + hvd.rank())
     n = int(batches_by_rank[hvd.rank() % len(batches_by_rank)])
-    batches = [(tf.constant(rng.random((batch_size, image_size, image_size, 3), np.float32)),
-                tf.constant((rng.random((batch_size, 14)) < 0.3).astype(np.float32)))
+    batches = [tuple(tf.constant(a) for a in random_batch(rng, batch_size, image_size))
                for _ in range(n)]
     error = None
     try:

@@ -9,9 +9,10 @@ and its server extension come with the ipyparallel wheel; setup checks they are 
 
 :class:`LabServer` starts the same server headless for tests: a free loopback port, a random
 token handed over in the environment (``JUPYTER_TOKEN``: never on a command line, which every
-account can read in ``ps``; a process's environment only its owner), its own runtime, config, settings and workspace folders (nothing is written to the
-user's ``~/.jupyter`` or to the notebook folder's workspace state), and a teardown that leaves
-no process behind (JupyterLab, its kernels) even when the test fails.
+account can read in ``ps``; a process's environment only its owner can), its own runtime,
+config, settings and workspace folders (nothing is written to the user's ``~/.jupyter`` or to
+the notebook folder's workspace state), and a teardown that leaves no process behind
+(JupyterLab, its kernels) even when the test fails.
 """
 
 from __future__ import annotations
