@@ -239,6 +239,25 @@ def format_gpu_node(r: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+ARCHS: tuple[str, ...] = ("densenet121", "resnet50")
+"""The two networks the Dell articles scaled: CheXNet's DenseNet-121 and ResNet-50, which
+they found to scale better (more compute per gradient byte)."""
+
+
+def format_arch_comparison(tables: Mapping[str, Mapping[str, Any]]) -> str:
+    """One row per GPU count, images/s and efficiency of each arch side by side, from
+    :func:`bench_gpu_node` reports keyed by arch (all over the same GPU counts)."""
+    archs = list(tables)
+    counts = [k for k in tables[archs[0]]["gpus"] if all(k in t["gpus"] for t in tables.values())]
+    head = f"{'GPUs':>5}" + "".join(f" {a + ' img/s':>18} {'eff.':>6}" for a in archs)
+    lines = [head]
+    for k in counts:
+        lines.append(f"{k:>5}" + "".join(
+            f" {tables[a]['img_per_s'][str(k)]:>18.1f} {tables[a]['efficiency'][str(k)]:>6.0%}"
+            for a in archs))
+    return "\n".join(lines)
+
+
 def utilisation_old_vs_new(tfrecords: Path | str, *, arch: str = "densenet121",
                            image_size: int = 224, batch_size: int = 32, steps: int = 100,
                            warmup_steps: int = 10, interval: float = 0.1,

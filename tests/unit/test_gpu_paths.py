@@ -418,6 +418,22 @@ def test_bench_gpu_node_with_a_fake_runner() -> None:
         gpu_node.bench_gpu_node("/nowhere", visible=[], run=run)
 
 
+def test_both_archs_side_by_side() -> None:
+    runners = {"densenet121": fake_run(300.0, 0.05), "resnet50": fake_run(500.0, 0.02)}
+    tables = {arch: gpu_node.bench_gpu_node("/nowhere", [1, 2], arch=arch, visible=fake_gpus(2),
+                                            run=runners[arch][0], topology="")
+              for arch in gpu_node.ARCHS}
+    for arch, (_, calls) in runners.items():
+        assert [cfg.arch for _, cfg in calls] == [arch, arch]
+    lines = gpu_node.format_arch_comparison(tables).splitlines()
+    assert lines[0].split() == ["GPUs", "densenet121", "img/s", "eff.", "resnet50", "img/s", "eff."]
+    row = lines[2].split()
+    assert row[0] == "2"
+    for arch, (rate, eff) in zip(gpu_node.ARCHS, [row[1:3], row[3:5]]):
+        assert float(rate) == pytest.approx(tables[arch]["img_per_s"]["2"], abs=0.05)
+        assert eff == f"{tables[arch]['efficiency']['2']:.0%}"
+
+
 def test_report_table_and_reference_points() -> None:
     run, _ = fake_run()
     r = gpu_node.bench_gpu_node("/nowhere", None, visible=fake_gpus(8), run=run, topology="")
