@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from chexnet_utils.atomic import write_text_atomic
+from chexnet_utils.models import FULL_SIZE_ARCHITECTURES
 
 REPORTED_HOROVOD_2018: dict[str, dict[str, float]] = {
     "Inception V3": {"gpus": 512, "efficiency": 0.90, "params_millions": 23.8},
@@ -288,7 +289,7 @@ def gradient_sizes(arch: str, image_size: int = 224) -> dict[str, Any]:
     return out
 
 
-def chexnet_gradient_sizes(archs: Sequence[str] = ("densenet121", "resnet50"),
+def chexnet_gradient_sizes(archs: Sequence[str] = FULL_SIZE_ARCHITECTURES,
                            cache: str | os.PathLike[str] | None = None
                            ) -> dict[str, dict[str, Any]]:
     """:func:`gradient_sizes` of each arch, cached in ``<work dir>/gradient_sizes.json``

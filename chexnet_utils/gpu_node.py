@@ -26,6 +26,7 @@ from typing import Any
 
 from chexnet_utils.bench_timing import barrier_windows
 from chexnet_utils.collectives import barrier
+from chexnet_utils.models import FULL_SIZE_ARCHITECTURES
 from chexnet_utils.steptimer import StepConfig
 
 ARTICLE_GPU_COUNTS = (1, 2, 3, 4, 8)
@@ -239,9 +240,9 @@ def format_gpu_node(r: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-ARCHS: tuple[str, ...] = ("densenet121", "resnet50")
-"""The two networks the Dell articles scaled: CheXNet's DenseNet-121 and ResNet-50, which
-they found to scale better (more compute per gradient byte)."""
+ARCHS: tuple[str, ...] = FULL_SIZE_ARCHITECTURES
+"""The archs notebook 04's GPU cell scales side by side: the article found ResNet-50 scaled
+out better than DenseNet-121 (notebook 03 §1.1: bytes per FLOP alone predict the opposite)."""
 
 
 def format_arch_comparison(tables: Mapping[str, Mapping[str, Any]]) -> str:

@@ -70,7 +70,11 @@ __all__ = [
     "roc_curve",
 ]
 
-ARCHITECTURES: tuple[str, ...] = ("densenet121", "resnet50", "small")
+FULL_SIZE_ARCHITECTURES: tuple[str, ...] = ("densenet121", "resnet50")
+"""The two ImageNet backbones the Dell EMC article of October 2019 trained and scaled:
+CheXNet's DenseNet-121 and ResNet-50 (seed digest §5)."""
+
+ARCHITECTURES: tuple[str, ...] = (*FULL_SIZE_ARCHITECTURES, "small")
 """Values of ``arch`` that :func:`build_chexnet` accepts."""
 
 CHEXNET_PAPER_AUROC: dict[str, float] = {
