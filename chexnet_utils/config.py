@@ -72,12 +72,19 @@ class Scale:
     bench_warmup: int = 2
     """Untimed batches (or training steps) before each timed run of a pipeline or a training
     step: tracing, filling the buffers (notebooks 02, 03 and 06)."""
+    scaling_batch_size: int = 16
+    """Batch per worker of notebook 04's scaling measurement. The ci preset halves it: each
+    step then decodes half as many full-size images and needs fewer warm-up steps (below),
+    so the cell takes about half the time and shows the same old-vs-new contrast (measured
+    side by side, ``docs/benchmarks.md``)."""
     scaling_warmup_steps: int = 20
     """Untimed training steps on every engine before each timed images/s window of notebook
     04's scaling measurement: long enough that a pipeline slower than the step has used up
-    the decoded batches it buffered (the old approach's ``prefetch(batch_size)`` holds
-    ``batch_size`` batches) before the clock starts (:data:`chexnet_utils.scaling.SHUFFLE_BUFFER`).
-    Fewer would time stock, not throughput: the same in every preset."""
+    the decoded batches it buffered before the clock starts. The old approach holds
+    ``prefetch(batch_size)``, that is ``batch_size`` whole batches, plus a shuffle buffer of
+    :data:`chexnet_utils.scaling.SHUFFLE_BUFFER` decoded images: 16 + 2 batches at batch 16
+    (20 steps), 8 + 4 at batch 8 (the ci preset's 16), 32 + 1 at batch 32 (gpu-node's 40).
+    Fewer would time stock, not throughput."""
     accel_ms: float = 20.0
     """Milliseconds of emulated accelerator work per step (notebook 04)."""
     comm_max_mb: float = 128.0
@@ -112,14 +119,16 @@ class Scale:
 SCALES: dict[str, Scale] = {
     "ci": Scale("ci", n_images=600, source_size=1024, image_size=128, arch="small",
                 batch_size=16, epochs=5, max_workers=2, shard_size=32, bench_repeats=2,
-                bench_steps=6, comm_max_mb=32.0, comm_repeats=5, comm_image_size=64,
+                bench_steps=6, scaling_batch_size=8, scaling_warmup_steps=16,
+                comm_max_mb=32.0, comm_repeats=5, comm_image_size=64,
                 comm_cycle_time_clusters=False, feeding_shards=3),
     "workstation": Scale("workstation", n_images=6000, source_size=1024, image_size=224,
                          arch="densenet121", batch_size=16, epochs=5, max_workers=4,
                          shard_size=256, comm_max_mb=128.0),
     "gpu-node": Scale("gpu-node", n_images=20000, source_size=1024, image_size=224,
                       arch="densenet121", batch_size=32, epochs=10, max_workers=8,
-                      shard_size=None, bench_batches=50, bench_steps=50, comm_max_mb=256.0),
+                      shard_size=None, bench_batches=50, bench_steps=50, scaling_batch_size=32,
+                      scaling_warmup_steps=40, comm_max_mb=256.0),
 }
 
 OVERRIDES: dict[str, tuple[str, type]] = {

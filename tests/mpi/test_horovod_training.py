@@ -82,33 +82,6 @@ def test_killed_engine_fails_fast_then_training_resumes_on_a_new_cluster(hvd_tfr
     assert results[0]["weights_checksum"] == results[1]["weights_checksum"]
 
 
-def test_bench_scaling_cli_writes_rates_and_efficiency(hvd_tfrecords, tmp_path):
-    from chexnet_utils.cli import main
-
-    out = tmp_path / "scaling.json"
-    assert main(["bench", "scaling", "--workers", "1,2", "--tfrecords", str(hvd_tfrecords),
-                 "--image-size", "32", "--batch-size", "4", "--steps", "2", "--warmup", "1",
-                 "--emulate-accelerator", "5", "--env", "HOROVOD_CYCLE_TIME=2",
-                 "--json", str(out)]) == 0
-    r = json.loads(out.read_text())
-    assert r["env"] == {"HOROVOD_CYCLE_TIME": "2"} and r["warmup_steps"] == 1
-    for n in ("1", "2"):  # what the engines really ran with is recorded
-        assert r["engine_env"][n]["HOROVOD_CYCLE_TIME"] == "2"
-        assert r["engine_env"][n]["TF_NUM_INTRAOP_THREADS"] == "1"  # one thread per core
-    assert r["engine_env"]["2"]["OMPI_MCA_mpi_yield_when_idle"] == "1"  # bound to a core
-    assert r["emulated"]["accelerator_ms"] == 5.0
-    for block in (r, r["emulated"]):
-        for p in ("old", "new"):
-            assert set(block["img_per_s"][p]) == {"1", "2"}
-            assert all(v > 0 for v in block["img_per_s"][p].values())
-            assert block["efficiency"][p]["1"] == pytest.approx(1.0)
-            assert block["efficiency"][p]["2"] == pytest.approx(
-                block["img_per_s"][p]["2"] / (2 * block["img_per_s"][p]["1"]))
-    # a step can never beat the emulated device: 4 images per 5 ms per worker at most
-    for n in (1, 2):
-        assert r["emulated"]["img_per_s"]["new"][str(n)] < n * 4 / 0.005
-
-
 def test_emulated_step_waits_for_the_device_and_averages_across_engines(hvd_tfrecords):
     from dataclasses import asdict
 

@@ -81,3 +81,17 @@ def test_every_override_names_a_field_and_every_field_is_documented():
     assert all(var in module_doc for var in config.OVERRIDES), "list every override variable"
     readme = (Path(config.__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert all(f"`{var}`" in readme for var in config.OVERRIDES), "README's settings table"
+
+
+def test_every_presets_scaling_warmup_outlasts_the_old_pipelines_stock():
+    """Notebook 04 times throughput, not stock: before the clock starts, each engine has
+    taken more warm-up steps than the old pipeline holds decoded batches
+    (``prefetch(batch_size)`` plus the shuffle buffer)."""
+    import math
+
+    from chexnet_utils.config import SCALES
+    from chexnet_utils.scaling import SHUFFLE_BUFFER
+
+    for s in SCALES.values():
+        stock = s.scaling_batch_size + math.ceil(SHUFFLE_BUFFER / s.scaling_batch_size)
+        assert s.scaling_warmup_steps > stock, s.name
