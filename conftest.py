@@ -1,9 +1,16 @@
-"""Repository-wide pytest hooks: a per-notebook wall-time table at the end of ``make test``.
+"""Repository-wide pytest hooks: the time tables at the end of ``make test``.
 
-``--durations`` lists single cells; the table adds them up per notebook (kernel start and
-stop included), so a slow notebook is visible at a glance; a second table splits every layer's
-time into setup (fixtures), call and teardown and lists the slowest setups. The CI budget for the whole suite
-is 20 minutes on 2 cores (``CHEXNET_TEST_BUDGET_MIN`` to change it).
+``make test`` runs in two stages (the Makefile's ``test`` target): the tests under ``tests/``
+on parallel pytest-xdist workers (most of their time is spent waiting on subprocesses,
+daemons, engines and browsers), then every notebook under nbval in one serial process, so no
+other test runs beside a cell that times something (this conftest refuses notebooks under
+xdist). ``--durations`` lists single cells; a table adds them up per notebook (kernel start
+and stop included), so a slow notebook is visible at a glance; a second table splits every
+layer's time into setup (fixtures), call and teardown and lists the slowest setups.
+
+The two stages share their wall times through the file named by ``CHEXNET_TEST_TIMES``: the
+tests stage writes its wall time there, the notebook stage reads it and prints the total
+against the budget, 15 minutes on 2 cores (``CHEXNET_TEST_BUDGET_MIN`` to change it).
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ from collections import defaultdict
 import pytest
 
 from chexnet_utils.nbtools import (budget_minutes, format_layer_times, format_wall_times,
-                                   layer_of_test, notebook_of)
+                                   layer_of_test, notebook_of, read_stage_times,
+                                   write_stage_time)
+
+TIMES_ENV = "CHEXNET_TEST_TIMES"
 
 _notebook_seconds: dict[str, float] = defaultdict(float)
 _other_seconds = [0.0]
@@ -24,11 +34,26 @@ _phase_seconds: dict[tuple[str, str], float] = defaultdict(float)
 _setup_seconds: dict[str, float] = {}
 
 
+def _workers(config: pytest.Config) -> int:
+    """pytest-xdist's worker count of this session (0: no xdist, one process)."""
+    n = getattr(config.option, "numprocesses", None)
+    return int(n or 0)
+
+
 def pytest_configure(config):  # noqa: ANN001, ANN201
     try:
         budget_minutes(os.environ)  # a bad CHEXNET_TEST_BUDGET_MIN: stop before the run
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ANN201
+    if (hasattr(config, "workerinput") or _workers(config)) and any(
+            notebook_of(item.nodeid) for item in items):
+        raise pytest.UsageError(
+            "notebooks run alone, not on pytest-xdist workers: their cells time pipelines, "
+            "training steps and allreduces, and a test running beside them would change the "
+            "figures. Run them in a serial pytest (make test's second stage, or make notebooks).")
 
 
 def pytest_sessionstart(session):  # noqa: ANN001, ANN201
@@ -46,14 +71,28 @@ def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201
         _notebook_seconds[nb] += report.duration
 
 
-def pytest_terminal_summary(terminalreporter):  # noqa: ANN001, ANN201
+def pytest_terminal_summary(terminalreporter, config):  # noqa: ANN001, ANN201
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller prints the tables
     if _phase_seconds:
         terminalreporter.write_sep("=", "test time by layer")
         terminalreporter.write_line(format_layer_times(dict(_phase_seconds), _setup_seconds))
+    elapsed = time.monotonic() - _session_start[0]  # collection and start-up included
+    times_file = os.environ.get(TIMES_ENV)
     if not _notebook_seconds:
+        if times_file and _phase_seconds:  # make test's first stage: hand on its wall time
+            write_stage_time(times_file, "tests", elapsed, workers=_workers(config))
+            terminalreporter.write_line(
+                f"tests stage: {elapsed:.1f} s wall on {max(_workers(config), 1)} worker(s) "
+                f"(written to {times_file} for the notebook stage's total)")
         return
     budget = budget_minutes(os.environ)
+    earlier = read_stage_times(times_file) if times_file else {}
+    other, label = _other_seconds[0], "other tests"
+    if "tests" in earlier:  # the tests ran before, in the first stage
+        stage = earlier["tests"]
+        other, label = other + stage["wall_s"], f"tests ({stage['workers'] or 1} workers)"
+        elapsed += stage["wall_s"]
     terminalreporter.write_sep("=", "notebook wall times")
-    elapsed = time.monotonic() - _session_start[0]  # collection and start-up included
-    terminalreporter.write_line(format_wall_times(dict(_notebook_seconds), _other_seconds[0],
-                                                  budget, elapsed_seconds=elapsed))
+    terminalreporter.write_line(format_wall_times(dict(_notebook_seconds), other, budget,
+                                                  elapsed_seconds=elapsed, other_label=label))

@@ -9,6 +9,7 @@ a figure in a markdown cell is computed by this run or labelled with its source.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -107,11 +108,11 @@ def notebook_of(nodeid: str) -> str | None:
 
 
 BUDGET_ENV = "CHEXNET_TEST_BUDGET_MIN"
-DEFAULT_BUDGET_MIN = 20.0
+DEFAULT_BUDGET_MIN = 15.0
 
 
 def budget_minutes(environ: Mapping[str, str] | None = None) -> float:
-    """The test suite's time budget in minutes: ``CHEXNET_TEST_BUDGET_MIN``, default 20.
+    """The test suite's time budget in minutes: ``CHEXNET_TEST_BUDGET_MIN``, default 15.
 
     Raises ``ValueError`` naming the variable for anything but a positive finite number
     (checked when pytest starts, not after a 20-minute run)."""
@@ -129,20 +130,23 @@ def budget_minutes(environ: Mapping[str, str] | None = None) -> float:
 
 def format_wall_times(times: dict[str, float], other_seconds: float = 0.0,
                       budget_minutes: float | None = None,
-                      elapsed_seconds: float | None = None) -> str:
+                      elapsed_seconds: float | None = None,
+                      other_label: str = "other tests") -> str:
     """The table ``make test`` prints at the end: each notebook's wall time under nbval
     (kernel start, every cell, kernel stop), the other tests' time, and the total.
 
-    ``times`` maps notebook path -> seconds. The total is ``elapsed_seconds`` when given (the
-    session's real wall time, collection and start-up included), else the sum of the rows.
-    With ``budget_minutes`` the last line says whether the total stays within it.
+    ``times`` maps notebook path -> seconds; ``other_seconds`` is labelled ``other_label``
+    (``make test`` passes the wall time of its parallel tests stage, labelled with its worker
+    count). The total is ``elapsed_seconds`` when given (the real wall time, collection and
+    start-up included), else the sum of the rows. With ``budget_minutes`` the last line says
+    whether the total stays within it.
     """
     lines = ["notebook wall times (nbval: kernel start + every cell):"]
-    width = max([len(Path(p).name) for p in times] + [len("other tests")])
+    width = max([len(Path(p).name) for p in times] + [len(other_label)])
     for path in sorted(times):
         lines.append(f"  {Path(path).name:<{width}}  {times[path] / 60:5.1f} min"
                      f"  ({times[path]:6.1f} s)")
-    lines.append(f"  {'other tests':<{width}}  {other_seconds / 60:5.1f} min"
+    lines.append(f"  {other_label:<{width}}  {other_seconds / 60:5.1f} min"
                  f"  ({other_seconds:6.1f} s)")
     total = sum(times.values()) + other_seconds
     label = "total"
@@ -155,6 +159,36 @@ def format_wall_times(times: dict[str, float], other_seconds: float = 0.0,
     lines.append(f"  {label:<{width}}  {total / 60:5.1f} min  ({total:6.1f} s){verdict}")
     return "\n".join(lines)
 
+
+def write_stage_time(path: str | Path, stage: str, wall_seconds: float, workers: int = 0) -> None:
+    """Record one stage of ``make test`` (its wall time and pytest-xdist worker count, 0 for a
+    serial run) in the JSON file ``path``, keeping the stages already there, so the last
+    stage can print the whole suite's total against the budget."""
+    path = Path(path)
+    stages = read_stage_times(path)
+    stages[stage] = {"wall_s": round(float(wall_seconds), 1), "workers": int(workers)}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(stages, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_stage_times(path: str | Path) -> dict[str, dict[str, float]]:
+    """The stages :func:`write_stage_time` recorded in ``path`` (``{}`` when there is no such
+    file yet). A file that is not such a record raises ``ValueError`` naming it."""
+    path = Path(path)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    try:
+        stages = json.loads(raw)
+        if not isinstance(stages, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("wall_s"), (int, float))
+                for v in stages.values()):
+            raise ValueError("not a {stage: {wall_s, workers}} object")
+    except ValueError as e:
+        raise ValueError(f"{path}: not a record of make test's stage times ({e})") from None
+    return stages
 
 
 def layer_of_test(nodeid: str) -> str:

@@ -14,6 +14,11 @@ Each test is marked with its folder's name (``unit``, ``tf``, ``mpi``, ``noteboo
 the notebooks run by nbval (``make test``) with ``notebooks``, so ``pytest -m "not mpi"``
 selects by layer; ``slow`` keeps its meaning (more than a few seconds).
 
+``make test`` runs ``tests/`` on two pytest-xdist workers (``--dist loadgroup``): most of a
+test's time here is spent waiting (engines registering, daemons starting, a hang timeout, a
+browser), so a second worker fills the waits. Tests that must not run beside each other are
+put in one :data:`XDIST_GROUPS` group each, which xdist runs on one worker, one after another.
+
 The data sets: :func:`tests.datasets.synthetic_tfrecords` makes one for given parameters;
 the fixtures below make each parameter set once per session, for the tests that share it
 (they only read it).
@@ -42,12 +47,42 @@ def layer_of(path: Path) -> str | None:
     return parts[0] if len(parts) > 1 and parts[0] in LAYERS else None
 
 
+XDIST_GROUPS: dict[str, tuple[str, ...]] = {
+    # A real process of another account (test_exposure) makes every unauthenticated server
+    # refuse to start (the exposure gate): the tf.data service and MWMS tests must not run
+    # while it is alive.
+    "one-account-host": ("unit/test_exposure.py", "mpi/test_tfdata_service.py",
+                         "mpi/test_comm.py"),
+    # One machine, one Slurm: the session's munged/slurmctld/slurmd and make slurm's own.
+    "slurm": ("mpi/test_slurm.py",),
+    # Network namespaces, veth links and shaped links: the link figures are measured.
+    "netns": ("mpi/test_two_nodes.py", "mpi/test_remote_engines.py"),
+}
+"""Test files (under ``tests/``) that share a pytest-xdist worker, one group per resource
+that two tests must not use at once."""
+
+
+def xdist_group_of(path: Path) -> str | None:
+    """The :data:`XDIST_GROUPS` group of a test file, or None (free to run anywhere)."""
+    try:
+        rel = path.resolve().relative_to(_TESTS).as_posix()
+    except ValueError:
+        return None
+    return next((g for g, files in XDIST_GROUPS.items() if rel in files), None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test with its layer (by path), so ``-m`` selects layers."""
+    """Mark every test with its layer (by path), so ``-m`` selects layers, and with its
+    pytest-xdist group (:data:`XDIST_GROUPS`), which ``--dist loadgroup`` keeps on one
+    worker."""
     for item in items:
-        layer = layer_of(Path(str(item.path)))
+        path = Path(str(item.path))
+        layer = layer_of(path)
         if layer is not None:
             item.add_marker(layer)
+        group = xdist_group_of(path)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 TfrecordsFactory = Callable[..., Path]

@@ -188,4 +188,39 @@ def test_make_test_prints_the_wall_time_table(tmp_path):
                          cwd=root, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "notebook wall times" in out.stdout
-    assert "tiny.ipynb" in out.stdout and "within the 20 min budget" in out.stdout
+    assert "tiny.ipynb" in out.stdout and "within the 15 min budget" in out.stdout
+
+
+def test_stage_times_hand_the_tests_stage_wall_time_to_the_notebook_stage(tmp_path):
+    """make test's two stages share their wall times through one JSON file: the parallel
+    tests stage writes its own, the notebook stage reads it for the suite's total."""
+    import pytest
+
+    from chexnet_utils.nbtools import format_wall_times, read_stage_times, write_stage_time
+
+    times = tmp_path / "times.json"
+    assert read_stage_times(times) == {}
+    write_stage_time(times, "tests", 301.26, workers=2)
+    write_stage_time(times, "notebooks", 500.0)
+    assert read_stage_times(times) == {"tests": {"wall_s": 301.3, "workers": 2},
+                                       "notebooks": {"wall_s": 500.0, "workers": 0}}
+    assert [p.name for p in tmp_path.iterdir()] == ["times.json"]  # no temp file left
+    table = format_wall_times({"n.ipynb": 500.0}, 301.3, 15, elapsed_seconds=810.0,
+                              other_label="tests (2 workers)")
+    assert "tests (2 workers)" in table and "13.5 min" in table and "within the 15" in table
+    times.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="times.json: not a record of make test's stage"):
+        read_stage_times(times)
+
+
+def test_xdist_groups_name_existing_test_files_and_mark_their_tests():
+    """Every file of tests/conftest.py's XDIST_GROUPS exists (a renamed file would silently
+    leave its group and run beside what it must not), and its tests get the group's mark."""
+    from tests.conftest import _TESTS, XDIST_GROUPS, xdist_group_of
+
+    for group, files in XDIST_GROUPS.items():
+        for rel in files:
+            assert (_TESTS / rel).is_file(), f"XDIST_GROUPS[{group!r}] names missing {rel}"
+            assert xdist_group_of(_TESTS / rel) == group
+    assert xdist_group_of(_TESTS / "unit" / "test_house.py") is None
+    assert xdist_group_of(Path("notebooks/00_environment_check.ipynb")) is None

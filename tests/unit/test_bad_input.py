@@ -119,7 +119,7 @@ def test_a_bad_test_budget_is_refused_before_the_run(raw):
         nbtools.budget_minutes({"CHEXNET_TEST_BUDGET_MIN": raw})
     assert str(info.value) == \
         f"CHEXNET_TEST_BUDGET_MIN={raw!r} is not a positive number of minutes"
-    assert nbtools.budget_minutes({}) == 20
+    assert nbtools.budget_minutes({}) == 15
     assert nbtools.budget_minutes({nbtools.BUDGET_ENV: "3.5"}) == 3.5
 
 
