@@ -39,7 +39,7 @@ who uses what: docs/architecture.md):
   :mod:`~chexnet_utils.steptimer` (one training step timed with Horovod or
   MultiWorkerMirroredStrategy), :mod:`~chexnet_utils.costmodel` (alpha-beta model, numpy
   simulations, gradient sizes), :mod:`~chexnet_utils.hvd_timeline` (Horovod timelines),
-  :mod:`~chexnet_utils.comm_experiments` (notebook 05's experiment glue),
+  :mod:`~chexnet_utils.comm_experiments` (notebooks 05 and 06's experiment glue),
   :mod:`~chexnet_utils.comm` (the façade re-exporting those, as the notebooks use them);
 - measuring and showing: :mod:`~chexnet_utils.benchmark` (façade over
   :mod:`~chexnet_utils.bench_timing`, :mod:`~chexnet_utils.bench_pipeline`,

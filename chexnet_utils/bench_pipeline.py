@@ -1,6 +1,6 @@
 """How fast can an input pipeline deliver, and how fast could it at best? (images/s)
 
-The pipeline-only measurements of :mod:`chexnet_utils.benchmark` (notebooks 02 and 06 reach
+The pipeline-only measurements of :mod:`chexnet_utils.benchmark` (notebooks 02 and 07 reach
 them as ``benchmark.X``):
 
 :func:`time_pipeline` / :func:`compare_pipelines`

@@ -1,7 +1,7 @@
 """How the gradients travel: the façade over the modules that measure and model it.
 
 ``from chexnet_utils import comm`` then ``comm.allreduce_times``, ``comm.fit_alpha_beta``,
-``comm.parse_timeline`` ...: the names notebook 05 (and the communication tests) use, while
+``comm.parse_timeline`` ...: the names notebooks 05, 06 (and the communication tests) use, while
 the code lives in one module per concern:
 
 - :mod:`chexnet_utils.collectives`: parameter server vs ring-allreduce timed on the MPI

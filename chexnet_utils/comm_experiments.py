@@ -1,11 +1,11 @@
-"""Notebook 05's experiments that are not a collective themselves: the glue around them.
+"""Notebooks 05 and 06's experiments that are not a collective themselves: the glue around them.
 
 The collectives and step timers live in :mod:`chexnet_utils.collectives` and
-:mod:`chexnet_utils.steptimer`; this module holds what notebook 05 runs *around* them, so
+:mod:`chexnet_utils.steptimer`; this module holds what notebooks 05 and 06 run *around* them, so
 the notebook shows the calls and not the bookkeeping:
 
 - :func:`ps_and_ring_once`: one tiny tensor averaged both ways (parameter server and
-  ring-allreduce) on every engine, the first thing the notebook runs on its cluster;
+  ring-allreduce) on every engine, what notebook 05's own collectives cell is checked against;
 - :func:`run_bursts`: the tensor-fusion bursts, one result per burst of tensors;
 - :func:`idle_cpu_percent`: how much CPU processes use while they should be idle.
 """

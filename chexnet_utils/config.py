@@ -12,8 +12,8 @@
     Override one field of the preset (:data:`OVERRIDES`): epochs of the training notebooks,
     batches timed per input-pipeline measurement, repeats of each measurement, training steps
     timed per throughput measurement, the emulated accelerator's milliseconds per step, the
-    largest number of Horovod engines and the largest tensor (MiB) of notebook 05's
-    allreduce sweeps. :func:`scale` resolves them; notebooks read the preset's fields and
+    largest number of Horovod engines and the largest tensor (MiB) of the allreduce sweeps
+    of notebooks 05 and 06. :func:`scale` resolves them; notebooks read the preset's fields and
     nothing else (no ``SCALE.name == ...`` branches: a setting that differs between presets
     is a field of :class:`Scale`).
 ``CHEXNET_MIXED_PRECISION``, ``CHEXNET_XLA``
@@ -49,21 +49,21 @@ class Scale:
     source_size: int
     """Side in pixels of the synthetic PNGs (NIH's are 1024); :mod:`chexnet_utils.data`."""
     image_size: int
-    """Side the model sees after resizing (notebooks 01-04 and 06; the engine runs of 04 via
+    """Side the model sees after resizing (notebooks 01-04 and 07; the engine runs of 04 via
     :mod:`chexnet_utils.run_configs`)."""
     arch: str
     """Model architecture of the training notebooks (03, 04)."""
     batch_size: int
-    """Batch per worker (notebooks 02, 03, 04 and 06)."""
+    """Batch per worker (notebooks 02, 03, 04 and 07)."""
     epochs: int
     """Epochs of the training notebooks (03; 04 through :mod:`chexnet_utils.run_configs`)."""
     max_workers: int
-    """Largest number of Horovod engines the notebooks start (04, 05) or simulate (02)."""
+    """Largest number of Horovod engines the notebooks start (04-06) or simulate (02)."""
     shard_size: int | None
     """Images per TFRecord shard (``None``: about 100 MB per shard, TF's usual advice):
     :func:`chexnet_utils.data.prepare_tfrecords` (every notebook), notebook 01."""
     bench_batches: int = 8
-    """Batches timed per input-pipeline measurement (notebooks 02 and 06)."""
+    """Batches timed per input-pipeline measurement (notebooks 02 and 07)."""
     bench_repeats: int = 3
     """Runs per measurement, alternating between the settings compared; the median is
     reported (notebooks 02 and 03)."""
@@ -71,7 +71,7 @@ class Scale:
     """Training steps timed per images/s measurement (notebooks 03 and 04)."""
     bench_warmup: int = 2
     """Untimed batches (or training steps) before each timed run of a pipeline or a training
-    step: tracing, filling the buffers (notebooks 02, 03 and 06)."""
+    step: tracing, filling the buffers (notebooks 02, 03 and 07)."""
     scaling_batch_size: int = 16
     """Batch per worker of notebook 04's scaling measurement. The ci preset halves it: each
     step then decodes half as many full-size images and needs fewer warm-up steps (below),
@@ -88,24 +88,24 @@ class Scale:
     accel_ms: float = 20.0
     """Milliseconds of emulated accelerator work per step (notebook 04)."""
     comm_max_mb: float = 128.0
-    """Largest tensor, in MiB, of notebook 05's allreduce sweeps (1 KiB, 2 KiB, ... up to it;
+    """Largest tensor, in MiB, of notebook 05's allreduce sweeps and notebook 06's fp16 sizes (1 KiB, 2 KiB, ... up to it;
     :func:`chexnet_utils.collectives.default_max_bytes`)."""
     comm_repeats: int = 10
-    """Timed repeats per tensor size of notebook 05's allreduce sweeps and tensor-fusion
-    bursts (the fastest and the median are reported)."""
+    """Timed repeats per tensor size of the allreduce sweeps (05), fp16 sizes and tensor-fusion
+    bursts (06) (the fastest and the median are reported)."""
     comm_image_size: int = 128
-    """Image side of the training step that notebook 05 times on its engines (Horovod vs
+    """Image side of the training step that notebook 06 times on its engines (Horovod vs
     MultiWorkerMirroredStrategy, process binding)."""
     comm_batch_size: int = 16
-    """Batch per worker of notebook 05's timed training step."""
+    """Batch per worker of notebook 06's timed training step."""
     comm_steps: int = 10
-    """Timed steps per repeat of notebook 05's training step."""
+    """Timed steps per repeat of notebook 06's training step."""
     comm_warmup_steps: int = 3
-    """Untimed steps before notebook 05's timed training steps."""
+    """Untimed steps before notebook 06's timed training steps."""
     comm_step_repeats: int = 3
-    """Timed blocks of ``comm_steps`` steps in notebook 05 (their median is reported)."""
+    """Timed blocks of ``comm_steps`` steps in notebook 06 (their median is reported)."""
     comm_cycle_time_clusters: bool = True
-    """Notebook 05's tensor-fusion section also starts the two ``HOROVOD_CYCLE_TIME``
+    """Notebook 06's tensor-fusion section also starts the two ``HOROVOD_CYCLE_TIME``
     clusters (0.2 ms and 5 ms): two more cluster start-ups."""
     feeding_shards: int = 16
     """Train shards notebook 07's toolbox sections read (cache, snapshot, PyDataset)."""

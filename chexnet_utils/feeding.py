@@ -1,4 +1,4 @@
-"""The ``tf.data`` toolbox beyond the recipe: cache, snapshot, ``list_files``, Options.
+"""The ``tf.data`` toolbox beyond the recipe: cache, ``list_files``, Options, PyDataset.
 
 The new approach of :mod:`chexnet_utils.pipelines` (shard, interleave, parallel map,
 prefetch) runs at the decode ceiling of the host's cores. What is left when that is not
@@ -9,8 +9,8 @@ enough:
   decoded; the random flip comes after the cache (augmentation before ``cache()`` would
   freeze one random draw for every epoch). Memory cost: :func:`cache_bytes` (decoded float
   images are far larger than PNGs; data larger than RAM must go to a file or not be cached).
-  ``Dataset.snapshot(path)`` (:func:`snapshot_pipeline`) writes the preprocessed data set to
-  disk once and reads it back in later runs, even in another process.
+  Notebook 07 writes the same pipeline in a cell and checks it against this one, and puts
+  ``Dataset.snapshot(path)`` where the cache was.
 * **The articles' SageMaker form**: :func:`list_files_pipeline` -
   ``Dataset.list_files(pattern)`` then ``TFRecordDataset(files, num_parallel_reads=...)`` -
   beside the new approach's ``interleave``. Its trap: ``list_files`` *shuffles by default*,
@@ -47,7 +47,6 @@ __all__ = [
     "list_files_shard_overlap",
     "pydataset_rate",
     "sleeping_step",
-    "snapshot_pipeline",
     "with_options",
 ]
 
@@ -60,7 +59,6 @@ def cache_bytes(n_images: int, image_size: int, channels: int = 3, dtype_bytes: 
 def _decoded(files: Files, image_size: int, with_names: bool) -> tf.data.Dataset:
     """Records of ``files`` -> ``(image, label[, name])`` decoded and normalised, unflipped."""
     import tensorflow as tf
-
 
     fn = example_fn(image_size, False, None, with_names, antialias=False, batched=False)
     ds = tf.data.Dataset.from_tensor_slices([str(f) for f in files])
@@ -76,8 +74,7 @@ def _flip(*element: Any) -> tuple[Any, ...]:
 
 
 def cached_pipeline(files: Files, batch_size: int, image_size: int, cache_file: str = "",
-                    training: bool = True, augment_before_cache: bool = False,
-                    shuffle_buffer: int = 256, seed: int | None = None,
+                    training: bool = True, shuffle_buffer: int = 256, seed: int | None = None,
                     with_names: bool = False) -> tf.data.Dataset:
     """Decode once, then serve from the cache: ``... map(decode) .cache() .shuffle .map(flip)
     .batch .prefetch``. One pass = one epoch (no repeat: time epochs with
@@ -85,28 +82,13 @@ def cached_pipeline(files: Files, batch_size: int, image_size: int, cache_file: 
 
     ``cache_file=""`` caches in memory (:func:`cache_bytes` of RAM); a path caches to disk
     (files ``PATH*``; a cache is only complete, and reused, once a full pass has finished).
-    ``augment_before_cache=True`` shows the mistake: the flip is drawn once, cached, and every
-    later epoch sees the *same* flipped images.
     """
-    ds = _decoded(files, image_size, with_names)
-    if training and augment_before_cache:
-        ds = ds.map(_flip)
-    ds = ds.cache(cache_file)
+    ds = _decoded(files, image_size, with_names).cache(cache_file)
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        if not augment_before_cache:
-            ds = ds.map(_flip, num_parallel_calls=AUTOTUNE)
+        ds = ds.map(_flip, num_parallel_calls=AUTOTUNE)
     return ds.batch(batch_size).prefetch(AUTOTUNE)
 
-
-def snapshot_pipeline(files: Files, batch_size: int, image_size: int, path: str | Path,
-                      with_names: bool = False) -> tf.data.Dataset:
-    """``Dataset.snapshot(path)`` of the decoded images: the first run writes them to
-    ``path`` (compressed), later runs - in this process or another - read them back instead
-    of decoding. Unlike ``cache(file)`` a snapshot is shared across processes and survives
-    restarts; change the pipeline and a new snapshot is written beside the old."""
-    ds = _decoded(files, image_size, with_names).snapshot(str(path), compression="AUTO")
-    return ds.batch(batch_size).prefetch(AUTOTUNE)
 
 
 def epoch_seconds(dataset: tf.data.Dataset, epochs: int) -> list[float]:

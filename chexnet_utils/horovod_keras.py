@@ -3,10 +3,11 @@ and the check that catches workers drifting apart.
 
 Measured with Horovod 0.28.1 on Keras 3 (TensorFlow backend), 2 ranks (tests/mpi/test_horovod_keras.py):
 
-(a) **custom ``train_step`` with ``hvd.DistributedGradientTape``** (:class:`TapeModel`) works
-    when the tape is asked for the gradients of the *backing* ``tf.Variable`` of each Keras 3
-    variable, ``[v.value for v in model.trainable_variables]``: Horovod keys the gradients
-    by ``tf.Variable.ref()``, which Keras 3 variables do not have;
+(a) **a training step with ``hvd.DistributedGradientTape``** works when the tape is asked for
+    the gradients of the *backing* ``tf.Variable`` of each Keras 3 variable,
+    ``[v.value for v in model.trainable_variables]``: Horovod keys the gradients by
+    ``tf.Variable.ref()``, which Keras 3 variables do not have. Notebook 04 writes it in
+    ``%%px`` cells (section 2.0) and ``scripts/train_horovod_minimal.py`` uses it;
 (b) **one allreduce per gradient** (:func:`per_tensor_average`, and (a), which does the same)
     lets communication overlap the backward pass: inside a ``tf.function`` each allreduce is
     its own op that TensorFlow starts as soon as *that* gradient exists, so the last layer's
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -83,43 +83,6 @@ def grouped_average(grads: Sequence[Any]) -> list[Any]:
 AVERAGERS: dict[str, Callable[[Sequence[Any]], list[Any]]] = {
     "per_tensor": per_tensor_average, "grouped": grouped_average}
 
-
-@lru_cache(maxsize=None)
-def _tape_model_class() -> type:
-    import keras
-
-    class TapeModel(keras.Model):
-        """Pattern (a): Keras ``fit`` with a custom ``train_step`` that averages the gradients
-        with ``hvd.DistributedGradientTape`` (Horovod's recipe for custom training steps).
-
-        Build it like a functional model: ``TapeModel(inputs, outputs)``.
-        """
-
-        def train_step(self, data: Any) -> dict[str, Any]:
-            import horovod.tensorflow as hvd
-            import tensorflow as tf
-
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-            with tf.GradientTape() as tape:
-                y_pred = self(x, training=True)
-                loss = self.compute_loss(x=x, y=y, y_pred=y_pred,
-                                         sample_weight=sample_weight, training=True)
-            tape = hvd.DistributedGradientTape(tape)
-            # Keras 3 variables wrap a tf.Variable: give Horovod the tf.Variables (.value)
-            grads = tape.gradient(loss, [v.value for v in self.trainable_variables])
-            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
-            for metric in self.metrics:
-                if metric.name == "loss":
-                    metric.update_state(loss)
-            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-    return TapeModel
-
-
-def tape_model(inputs: Any, outputs: Any, **kwargs: Any) -> Any:
-    """A functional Keras model whose ``fit`` averages gradients with
-    ``hvd.DistributedGradientTape`` (pattern (a))."""
-    return _tape_model_class()(inputs, outputs, **kwargs)
 
 
 def broadcast_model(model: Any) -> None:
@@ -215,9 +178,9 @@ def pattern_digests(pattern: str, steps: int = 3, image_size: int = 32,
     """Run on every engine: does ``pattern`` keep the ranks identical?
 
     Different initial weights per rank (a rank-dependent seed), made equal by the broadcast;
-    different data per rank; ``steps`` steps of ``model.fit`` with the gradients averaged by
-    ``pattern``: ``"tape"`` (a), ``"per_tensor"`` (b, the project's default) or ``"grouped"``
-    on the project's own ``train_step`` (d). Returns the sha256 of the trainable weights
+    different data per rank; ``steps`` steps of ``model.fit`` on the project's own
+    ``train_step`` with the gradients averaged by ``pattern``: ``"per_tensor"`` (b, the
+    project's default) or ``"grouped"`` (d). Returns the sha256 of the trainable weights
     before and after ``fit``: equal across ranks before (broadcast) and after (averaging),
     different from each other (training happened).
     """
@@ -226,15 +189,12 @@ def pattern_digests(pattern: str, steps: int = 3, image_size: int = 32,
 
     from chexnet_utils.models import build_chexnet
 
-    if pattern not in ("tape", *AVERAGERS):
-        raise ValueError(f"pattern must be 'tape', 'per_tensor' or 'grouped', got {pattern!r}")
+    if pattern not in AVERAGERS:
+        raise ValueError(f"pattern must be one of {', '.join(AVERAGERS)}, got {pattern!r}")
     hvd.init()
     keras.utils.set_random_seed(hvd.rank())  # different on purpose: the broadcast fixes it
     model = build_chexnet("small", image_size)
-    if pattern == "tape":
-        model = tape_model(model.inputs, model.outputs)
-    else:
-        model.gradient_reducer = AVERAGERS[pattern]
+    model.gradient_reducer = AVERAGERS[pattern]
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy")
     model.optimizer.build(model.trainable_variables)
     broadcast_model(model)

@@ -1,7 +1,7 @@
-"""The exercise checks of notebook 03 that run the learner's code on a Keras model
-(TensorFlow): CAM against Grad-CAM, resuming from a checkpoint. Each is tested with a right
-answer and with the wrong answers a learner is likely to write. The other checks are in
-tests/unit/test_exercises.py."""
+"""The exercise checks that run the learner's TensorFlow code: notebook 03's CAM against
+Grad-CAM and resuming from a checkpoint, notebook 02's serial pipeline, notebook 07's
+``list_files`` fix and cache placement. Each is tested with a right answer and with the wrong
+answers a learner is likely to write. The other checks are in tests/unit/test_exercises.py."""
 
 from __future__ import annotations
 
@@ -181,3 +181,101 @@ def test_serial_decode_times_the_pipeline_beside_itself_on_one_thread(capsys, mo
     result = exercises.check_serial_decode(batches, 100.0, n_batches=2, warmup_batches=1,
                                            repeats=1)
     assert verdict(capsys, result) in (True, False)
+
+
+# --- notebook 07, exercises 3 and 4: the list_files fix, where the cache goes -----------------
+
+N_SHARDS, PER_SHARD, PX = 8, 4, 32
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Eight shards of four small PNGs whose left quarter is bright (a flip is visible)."""
+    import io
+
+    from PIL import Image
+
+    from chexnet_utils import tfrecords as T
+
+    root = tmp_path_factory.mktemp("feeding-exercises")
+    for s in range(N_SHARDS):
+        records = []
+        for i in range(s * PER_SHARD, (s + 1) * PER_SHARD):
+            a = np.random.default_rng(i).integers(0, 255, (PX, PX), dtype=np.uint8)
+            a[:, : PX // 4] = 255
+            buf = io.BytesIO()
+            Image.fromarray(a).save(buf, format="PNG")
+            records.append(T.make_example(buf.getvalue(), "png", PX, PX, [0.0] * 14,
+                                          f"{i + 1:08d}_000.png", i))
+        T.write_records(root / T.shard_name("train", s, N_SHARDS), records)
+    return T.list_shards(root, "train")
+
+
+def test_list_files_fix_right_and_wrong(capsys, shards):
+    pattern = str(shards[0].parent / "train-*.tfrecord")
+    files = tf.data.Dataset.list_files
+
+    def fixed(p, rank, n):                      # the solution
+        return files(p, shuffle=False).shard(n, rank).shuffle(64, reshuffle_each_iteration=True)
+
+    def shared_seed(p, rank, n):                # one seed for every worker: the same order
+        return files(p, seed=7).shard(n, rank)
+
+    assert verdict(capsys, exercises.check_list_files_fix(fixed, pattern, 2))
+    assert verdict(capsys, exercises.check_list_files_fix(shared_seed, pattern, 4))
+    wrong = {
+        "read by more than one worker": lambda p, rank, n: files(p).shard(n, rank),  # the trap
+        "same order in all": lambda p, rank, n: files(p, shuffle=False).shard(n, rank),
+        "every worker read every file": lambda p, rank, n: files(p, shuffle=False),
+        "raised ValueError": lambda p, rank, n: (_ for _ in ()).throw(ValueError("x")),
+    }
+    for hint, answer in wrong.items():
+        assert exercises.check_list_files_fix(answer, pattern, 2) is False
+        out = capsys.readouterr().out
+        assert out.startswith("Not yet: ") and hint in out, (hint, out)
+    assert not verdict(capsys, exercises.check_list_files_fix(None, pattern))
+
+
+def test_cache_placement_right_and_wrong(capsys, shards):
+    from chexnet_utils import pipelines
+
+    decode = pipelines.example_fn(16, training=False, seed=None, with_names=False,
+                                  antialias=False, batched=False)
+
+    def flip(image, label):
+        return tf.image.random_flip_left_right(image), label
+
+    def decoded(files):                         # notebook 07's deterministic part
+        ds = tf.data.Dataset.from_tensor_slices([str(f) for f in files])
+        return ds.interleave(tf.data.TFRecordDataset, cycle_length=4,
+                             deterministic=True).map(decode)
+
+    some = shards[:2]
+    right = {"in record order": lambda f: decoded(f).cache().map(flip),
+             "shuffled and batched": lambda f: decoded(f).cache().shuffle(8).map(flip).batch(3)}
+    for answer in right.values():
+        assert verdict(capsys, exercises.check_cache_placement(answer, some, decode))
+    wrong = {
+        "drawn once and cached": lambda f: decoded(f).map(flip).cache(),
+        "no cache()": lambda f: decoded(f).map(flip),
+        "undecoded records": lambda f: tf.data.TFRecordDataset(
+            [str(x) for x in f]).cache().map(decode).map(flip),
+        "no random flip after the cache": lambda f: decoded(f).cache(),
+        "each once": lambda f: decoded(f).cache().map(flip).repeat(2),
+        "full pass": lambda f: decoded(f).cache().map(flip).take(3),
+        "raised TypeError": lambda f: decoded(f).cache().map(lambda image: image),
+    }
+    for hint, answer in wrong.items():
+        assert exercises.check_cache_placement(answer, some, decode) is False
+        out = capsys.readouterr().out
+        assert out.startswith("Not yet: ") and hint in out, (hint, out)
+    assert not verdict(capsys, exercises.check_cache_placement(None, some, decode))
+    assert all(f.exists() for f in some)        # the check worked on copies
+    # a global seed makes a map's random op repeat its draws every epoch, even after the
+    # cache: the placement is still right, and the verdict says why the flips repeat
+    tf.random.set_seed(0)
+    try:
+        assert verdict(capsys, exercises.check_cache_placement(right["in record order"], some,
+                                                               decode))
+    finally:
+        tf.random.set_seed(None)

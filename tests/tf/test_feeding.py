@@ -1,6 +1,6 @@
 """The tf.data toolbox of :mod:`chexnet_utils.feeding`: the ``list_files(shuffle=True)``
 before ``shard`` trap counted, its fix, cache correctness (same examples every epoch,
-augmentation after the cache), snapshot, Options, the Keras PyDataset, and the emulated
+augmentation after the cache), a cache file, Options, the Keras PyDataset, and the emulated
 accelerator's wait fraction of :mod:`chexnet_utils.benchmark`."""
 
 from __future__ import annotations
@@ -106,23 +106,10 @@ def test_cache_serves_the_same_examples_and_flips_after_the_cache(files, tmp_pat
         assert np.allclose(r[n], e1[n]) or np.allclose(r[n], e1[n][:, ::-1])
 
 
-def test_augmenting_before_the_cache_freezes_the_flip(files):
-    ds = F.cached_pipeline(files, 4, S, training=True, seed=0, with_names=True,
-                           augment_before_cache=True)
-    e1, e2 = epoch_images(ds)
-    assert all(np.array_equal(e1[n], e2[n]) for n in NAMES)
-
-
-def test_cache_to_a_file_and_snapshot_are_reused(files, tmp_path):
+def test_cache_to_a_file_is_reused(files, tmp_path):
     ds = F.cached_pipeline(files, 4, S, cache_file=str(tmp_path / "c"), training=False)
     assert F.epoch_seconds(ds, 2)[1] >= 0
     assert list(tmp_path.glob("c*"))
-    snap = tmp_path / "snap"
-    ds = F.snapshot_pipeline(files, 4, S, snap, with_names=True)
-    first = sorted(n.decode() for _, _, nb in ds.as_numpy_iterator() for n in nb)
-    assert first == NAMES and any(snap.rglob("*"))
-    again = F.snapshot_pipeline(files, 4, S, snap, with_names=True)
-    assert sorted(n.decode() for _, _, nb in again.as_numpy_iterator() for n in nb) == NAMES
 
 
 def test_with_options_sets_what_it_says(files):
