@@ -100,9 +100,9 @@ fresh-check:
 
 # The package as a normal user on a multi-user host (#30; needs root, CI runs it after
 # make test): a learner account and another account holding an Open MPI shared-memory
-# segment with a process running; as the learner the unit layer, notebook 00 and one
-# engine-cluster test; both accounts and their files removed and checked
-# (scripts/nonroot_check.sh).
+# segment with a process running; as the learner the unit layer, notebook 00, one
+# engine-cluster test and the local Slurm's daemons as the learner; both accounts and their
+# files removed and checked (scripts/nonroot_check.sh).
 nonroot-check: setup
 	@PY="$(PY)" bash scripts/nonroot_check.sh
 
@@ -119,14 +119,16 @@ clean:
 distclean: clean
 	rm -rf "$(VENV)" .venv-gpu data/synthetic-*
 
-# A real Slurm on this machine (chexnet_utils/slurm_local.py; needs root and slurm-wlm +
-# munge, which `make setup` installs as root): munged, slurmctld and slurmd (clients and node
-# on loopback; slurmctld and slurmd listen on all interfaces) with everything in
-# $(BUILD)/slurm, the node idle, then it prints how to use it (export SLURM_CONF=..., sinfo,
-# sbatch scripts/slurm_horovod.sbatch) and runs until Ctrl-C, which
-# cancels the jobs and stops every daemon. SLURM_ARGS=up / status / down: start and return,
-# show, stop.
+# A real Slurm on this machine for the user who runs it (chexnet_utils/slurm_local.py; needs
+# slurm-wlm + munge, which `make setup` installs as root, but not root itself): munged,
+# slurmctld and slurmd as that user, listening on loopback where the host name resolves to it,
+# munge's socket private to that user (no other account can submit), everything in
+# $(SLURM_DIR) (refused if another account could swap a folder on its path for a link), the
+# node idle; then it prints how to use it (export SLURM_CONF=..., sinfo, sbatch
+# scripts/slurm_horovod.sbatch) and who can reach it, and runs until Ctrl-C, which cancels
+# the jobs and stops every daemon. SLURM_ARGS=up / status / down: start and return, show, stop.
 .PHONY: slurm
 SLURM_ARGS ?= run
+SLURM_DIR ?= $(BUILD)/slurm
 slurm: setup
-	"$(PY)" -m chexnet_utils.slurm_local $(SLURM_ARGS) --dir "$(BUILD)/slurm"
+	"$(PY)" -m chexnet_utils.slurm_local $(SLURM_ARGS) --dir "$(SLURM_DIR)"

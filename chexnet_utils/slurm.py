@@ -40,16 +40,14 @@ def slurm_missing_reason(daemons: bool = True) -> str | None:
     """Why Slurm cannot be used on this machine, or ``None`` when it can.
 
     Checks the client commands and, with ``daemons``, ``munged``/``slurmctld``/``slurmd``
-    (searched in ``PATH`` and ``/usr/sbin``) and root (the one-machine Slurm runs its
-    daemons as root).
+    (searched in ``PATH`` and ``/usr/sbin``). Root is not needed: the one-machine Slurm runs
+    its daemons as the user who starts it.
     """
     missing = [c for c in SLURM_COMMANDS if shutil.which(c) is None]
     if daemons:
         missing += [d for d in DAEMONS if daemon_path(d) is None]
     if missing:
         return f"Slurm is not installed ({', '.join(missing)} missing): {INSTALL_HINT}"
-    if daemons and hasattr(os, "geteuid") and os.geteuid() != 0:
-        return "the one-machine Slurm runs munged, slurmctld and slurmd as root; this is not root"
     return None
 
 

@@ -6,8 +6,9 @@
 #      segment in /dev/shm (and leaves a second one unheld), both touched every 0.5 s, as
 #      another learner's job would (neither may be deleted by anyone but their owner);
 #   3. as the learner, with a clean environment and the checkout read-only to it, runs the
-#      unit layer, notebook 00 under nbval and one engine-cluster test (a rank killed with
-#      SIGKILL, so MPICluster.stop() has a segment of the learner's own to clean up);
+#      unit layer, notebook 00 under nbval, one engine-cluster test (a rank killed with
+#      SIGKILL, so MPICluster.stop() has a segment of the learner's own to clean up) and the
+#      one-machine Slurm's first test (its daemons as the learner, on loopback only);
 #   4. checks that the other account's segments and process are untouched, also after this
 #      script (root) ran the same orphan clean-up;
 #   5. removes both accounts, their processes and every file they own in /tmp and /dev/shm,
@@ -116,12 +117,13 @@ others_intact() {
   kill -0 "$holder" 2>/dev/null || fail "the other account's process died during $1"
 }
 
-echo "nonroot-check: as $learner (uid $(id -u "$learner")): unit layer, notebook 00, an engine cluster"
+echo "nonroot-check: as $learner (uid $(id -u "$learner")): unit layer, notebook 00, an engine cluster, a local Slurm"
 start=$(date +%s)
 as "$learner" "$LPY" -m pytest -p no:cacheprovider -q --durations=5 tests/unit \
   notebooks/00_environment_check.ipynb --nbval-lax --nbval-current-env \
   --nbval-sanitize-with tests/nbval_sanitize.cfg \
-  "tests/mpi/test_cluster.py::test_killed_engine_fails_the_call_quickly_and_teardown_is_clean"
+  "tests/mpi/test_cluster.py::test_killed_engine_fails_the_call_quickly_and_teardown_is_clean" \
+  "tests/mpi/test_slurm.py::test_local_slurm_runs_as_its_user_on_loopback_only_and_stops_every_daemon"
 echo "nonroot-check: the tests took $(( $(date +%s) - start )) s as $learner"
 others_intact "the learner's tests"
 
