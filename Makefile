@@ -22,7 +22,7 @@ export MPLBACKEND ?= Agg
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
 	@echo "make test       set up, run the unit tests and every notebook under nbval"
-	@echo "make lab        set up and start JupyterLab with the project kernel"
+	@echo "make lab        set up and start JupyterLab with the project kernel (PRIVATE=1: in a network namespace of your own)"
 	@echo "make browser-check  open every notebook in headless Chromium -> $(BUILD)/browser/*.png"
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
@@ -82,9 +82,25 @@ bench: setup data
 
 # JupyterLab on 127.0.0.1 offering only the project kernel, with ipyparallel's sidebar
 # (chexnet_utils/lab.py); extra options through LAB_ARGS, e.g. LAB_ARGS="--port 8801".
+# PRIVATE=1 (a shared host): the lab and everything it starts (kernels, MPI engines and
+# mpiexec, the tf.data service) in a network namespace of your own, made without root
+# (python -m chexnet_utils.exposure private), so no other account or host can reach any of
+# it; JupyterLab then listens on a Unix socket (mode 0600; LAB_SOCKET, default
+# $(BUILD)/lab.sock), reached with ssh -L 8888:<socket> you@host, then the
+# http://127.0.0.1:8888/lab?token=... it prints (the host part of its URL aside).
 LAB_ARGS ?=
+PRIVATE ?=
+LAB_SOCKET ?=
 lab: setup
+ifeq ($(PRIVATE),1)
+	mkdir -p "$(BUILD)"
+	sock="$(LAB_SOCKET)"; [ -n "$$sock" ] || sock="$$(cd "$(BUILD)" && pwd)/lab.sock"; \
+	echo "JupyterLab on $$sock: from your laptop, ssh -L 8888:$$sock $$USER@$$(hostname)"; \
+	exec "$(PY)" -m chexnet_utils.exposure private -- "$(PY)" -m chexnet_utils.lab \
+	  --notebook-dir=notebooks --ServerApp.sock="$$sock" $(LAB_ARGS)
+else
 	"$(PY)" -m chexnet_utils.lab --notebook-dir=notebooks $(LAB_ARGS)
+endif
 
 # The same JupyterLab headless; Chromium opens each notebook, checks its title and kernel,
 # and saves build/browser/NN_*.png (also part of `make test`).
