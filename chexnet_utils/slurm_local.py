@@ -39,7 +39,10 @@ socket and key.
 
 :meth:`LocalSlurm.stop` cancels every job, stops the daemons (SIGTERM, then SIGKILL) and
 checks by pid that none is left, nor any ``slurmstepd`` of this Slurm (found by its
-``SLURM_CONF``) or process below one. Two of them run side by side on one machine (own
+``SLURM_CONF``) or process below one; if the process that started them dies without
+stopping them (a kernel killed with SIGKILL), a watchdog does
+(:func:`chexnet_utils.processes.start_watchdog`: the daemons carry its token; ``up`` ends it,
+its daemons outlive the command). Two of them run side by side on one machine (own
 state folder, socket, key and ports; a port taken between choosing and binding it is
 chosen again).
 
@@ -201,6 +204,9 @@ class LocalSlurm:
         self._popens: list[subprocess.Popen[bytes]] = []
         self.node = NODE_NAME
         self.partition = PARTITION
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self.lifeline: str | None = None
+        """The token the daemons carry (``CHEXNET_LIFELINE``) while this process owns them."""
         self.bind_address: str | None = None
         """Where the daemons listen (:func:`~chexnet_utils.slurm_access.loopback_bind_address`); ``None``: everywhere."""
         self.ports: tuple[int, ...] = ()
@@ -259,7 +265,13 @@ class LocalSlurm:
             f.write(secrets.token_bytes(1024))
         self.bind_address = loopback_bind_address()
         hardware = node_hardware()
-        env = self.env
+        # A killed kernel (SIGKILL: no atexit) must not leave the daemons either: they carry
+        # this Slurm's lifeline token, and a watchdog stops them when this process dies.
+        from chexnet_utils.processes import LIFELINE_ENV, lifeline_tokens, start_watchdog
+
+        self.lifeline = f"slurm-{os.getpid()}-{secrets.token_hex(4)}"
+        self._watchdog = start_watchdog(os.getpid(), self.lifeline)
+        env = {**self.env, LIFELINE_ENV: ",".join([*lifeline_tokens(), self.lifeline])}
         # A notebook cell that raises between start() and stop() must not leave three
         # daemons behind: the interpreter's exit (kernel shutdown) stops them.
         atexit.register(self._stop_at_exit)
@@ -480,11 +492,20 @@ class LocalSlurm:
             shutil.rmtree(self.state, ignore_errors=True)
         self.daemon_pids = {}
         atexit.unregister(self._stop_at_exit)
+        from chexnet_utils.processes import release_watchdog
+
+        release_watchdog(self._watchdog)   # nothing carries the token any more
+        self._watchdog = self.lifeline = None
 
     def detach(self) -> "LocalSlurm":
         """Leave the daemons running when this interpreter exits (``up``); by default they are
-        stopped then. :meth:`attach` and :meth:`stop` (``down``) find them again."""
+        stopped then, or by the watchdog if this process is killed. :meth:`attach` and
+        :meth:`stop` (``down``) find them again."""
         atexit.unregister(self._stop_at_exit)
+        if self._watchdog is not None:      # ended without stopping what carries the token
+            self._watchdog.kill()
+            self._watchdog.wait()
+            self._watchdog = None
         return self
 
     def _stop_at_exit(self) -> None:

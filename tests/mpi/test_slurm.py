@@ -19,7 +19,7 @@ import cloudpickle
 import pytest
 
 from chexnet_utils import slurm_local
-from chexnet_utils.processes import alive
+from chexnet_utils.processes import alive, wait_pids_gone
 from chexnet_utils.slurm import slurm_missing_reason
 from chexnet_utils.slurm_access import invoking_user, loopback_bind_address
 from chexnet_utils.slurm_local import LocalSlurm
@@ -176,6 +176,22 @@ def test_local_slurm_an_error_leaves_running_is_stopped_when_python_exits():
     assert len(started["pids"]) >= 3          # munged, slurmctld, slurmd were running
     assert alive(started["pids"]) == []
     assert not Path(started["state"]).exists()
+
+
+def test_a_killed_kernel_leaves_no_slurm_daemon(tmp_path):
+    """SIGKILL (the out-of-memory killer) skips every atexit: the daemons carry the Slurm's
+    lifeline token and its watchdog stops them when the process that started them dies."""
+    _require_slurm()
+    prog = ("import json, os, signal\n"
+            "from chexnet_utils.slurm_local import LocalSlurm\n"
+            f"s = LocalSlurm({str(tmp_path / 'slurm')!r}).start()\n"
+            "print(json.dumps(s.processes()), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == -9, out.stderr
+    pids = json.loads(out.stdout.splitlines()[-1])
+    assert len(pids) >= 3 and wait_pids_gone(pids, 15) == []
 
 
 def test_make_slurm_up_status_down_by_hand(tmp_path):
