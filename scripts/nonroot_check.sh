@@ -11,8 +11,12 @@
 #      one-machine Slurm's first test (its daemons as the learner, on loopback only);
 #   4. checks that the other account's segments and process are untouched, also after this
 #      script (root) ran the same orphan clean-up;
-#   5. removes both accounts, their processes and every file they own in /tmp and /dev/shm,
+#   5. removes both accounts, their processes and every file they made in /tmp and /dev/shm,
 #      and checks that nothing is left.
+# The accounts get uids that own no file in /tmp, /dev/shm, /var/tmp or /home, and the
+# clean-up deletes only files made after this script started: on a machine shared with
+# other work, an archive unpacked as root keeps its owners' uids (Horovod's sdist: 1001), and
+# those files are not the accounts' to delete.
 # PY: the interpreter whose packages are used (default: the checkout's .venv). Exit status:
 # the tests', or 1 when a check fails, 2 when not root.
 set -euo pipefail
@@ -45,22 +49,36 @@ cleanup() {
     uid=$(id -u "$u" 2>/dev/null) || continue
     for p in $(pids_of "$u"); do kill -KILL "$p" 2>/dev/null; done
     for _ in $(seq 50); do [ -z "$(pids_of "$u")" ] && break; sleep 0.1; done
-    find /tmp /dev/shm /var/tmp -xdev -depth -uid "$uid" -delete 2>/dev/null
+    find /tmp /dev/shm /var/tmp -xdev -depth -uid "$uid" -newer "$stamp" -delete 2>/dev/null
     userdel --remove "$u" 2>/dev/null
     left=$( (id "$u" 2>/dev/null; pids_of "$u"; find /tmp /dev/shm /var/tmp /home -xdev \
-      -uid "$uid" 2>/dev/null) | head -5)
+      -uid "$uid" -newer "$stamp" 2>/dev/null) | head -5)
     if [ -n "$left" ] || [ -e "/home/$u" ]; then
       echo "nonroot-check: cleanup left behind for $u: $left" >&2
       status=1 clean=
     fi
   done
   [ -n "$clean" ] && echo "nonroot-check: accounts $learner and $other removed, nothing left"
+  rm -f "$stamp"
   exit "$status"
 }
+stamp=$(mktemp)   # files made after this one are the accounts' to remove
 trap cleanup EXIT
 
-useradd --create-home --user-group --shell /bin/sh "$learner"
-useradd --create-home --user-group --shell /bin/sh "$other"
+# a uid (and gid) no account or group has and no file in the shared folders carries
+free_uid() {
+  local n=$1
+  while getent passwd "$n" >/dev/null || getent group "$n" >/dev/null \
+      || [ -n "$(find /tmp /dev/shm /var/tmp /home -xdev \( -uid "$n" -o -gid "$n" \) \
+                  -print -quit 2>/dev/null)" ]; do
+    n=$((n + 1))
+  done
+  echo "$n"
+}
+uid=$(free_uid 2000)
+useradd --create-home --user-group --uid "$uid" --shell /bin/sh "$learner"
+uid=$(free_uid $((uid + 1)))
+useradd --create-home --user-group --uid "$uid" --shell /bin/sh "$other"
 # as <account> <command...>: that account's ids and groups, a clean environment (only
 # PYTHONPATH passes through, for a run with another checkout's interpreter); AS_EXEC=1: exec
 as() {
