@@ -14,9 +14,10 @@
 #   5. removes both accounts, their processes and every file they made in /tmp and /dev/shm,
 #      and checks that nothing is left.
 # The accounts get uids that own no file in /tmp, /dev/shm, /var/tmp or /home, and the
-# clean-up deletes only files made after this script started: on a machine shared with
-# other work, an archive unpacked as root keeps its owners' uids (Horovod's sdist: 1001), and
-# those files are not the accounts' to delete.
+# clean-up deletes only files made after this script started (their inode change time: a
+# test may set a file's modification time into the past): on a machine shared with other
+# work, an archive unpacked as root keeps its owners' uids (Horovod's sdist: 1001), and those
+# files are not the accounts' to delete.
 # PY: the interpreter whose packages are used (default: the checkout's .venv). Exit status:
 # the tests', or 1 when a check fails, 2 when not root.
 set -euo pipefail
@@ -49,10 +50,10 @@ cleanup() {
     uid=$(id -u "$u" 2>/dev/null) || continue
     for p in $(pids_of "$u"); do kill -KILL "$p" 2>/dev/null; done
     for _ in $(seq 50); do [ -z "$(pids_of "$u")" ] && break; sleep 0.1; done
-    find /tmp /dev/shm /var/tmp -xdev -depth -uid "$uid" -newer "$stamp" -delete 2>/dev/null
+    find /tmp /dev/shm /var/tmp -xdev -depth -uid "$uid" -cnewer "$stamp" -delete 2>/dev/null
     userdel --remove "$u" 2>/dev/null
     left=$( (id "$u" 2>/dev/null; pids_of "$u"; find /tmp /dev/shm /var/tmp /home -xdev \
-      -uid "$uid" -newer "$stamp" 2>/dev/null) | head -5)
+      -uid "$uid" -cnewer "$stamp" 2>/dev/null) | head -5)
     if [ -n "$left" ] || [ -e "/home/$u" ]; then
       echo "nonroot-check: cleanup left behind for $u: $left" >&2
       status=1 clean=
