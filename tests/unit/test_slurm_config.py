@@ -226,3 +226,19 @@ def test_the_state_folder_and_every_folder_in_it_are_private(tmp_path, monkeypat
     assert modes == {"slurm": 0o700, **{sub: 0o700 for sub in slurm_local.STATE_FOLDERS}}
     key = state / "munge" / "munge.key"
     assert key.stat().st_mode & 0o777 == 0o400 and key.stat().st_size == 1024
+
+
+def test_inside_a_namespace_that_denies_setgroups_slurm_says_why_it_cannot_start(
+        tmp_path, monkeypatch):
+    """``make lab PRIVATE=1`` as a normal user: slurmd's ``setgroups`` is refused there, so
+    notebook 08's cells say so instead of failing (measured: ``slurmd: fatal: Failed to drop
+    supplementary groups, setgroups: Operation not permitted``)."""
+    flag = tmp_path / "setgroups"
+    flag.write_text("deny\n")
+    assert S.setgroups_denied(str(flag))
+    flag.write_text("allow\n")
+    assert not S.setgroups_denied(str(flag)) and not S.setgroups_denied(str(tmp_path / "none"))
+    monkeypatch.setattr(S.shutil, "which", lambda *a, **k: "/usr/bin/x")
+    monkeypatch.setattr(S, "setgroups_denied", lambda: True)
+    assert S.slurm_missing_reason().startswith("slurmd cannot start in this user namespace")
+    assert S.slurm_missing_reason(daemons=False) is None
