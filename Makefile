@@ -22,7 +22,7 @@ export MPLBACKEND ?= Agg
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
 	@echo "make test       set up, run tests/ on 2 parallel workers, then every notebook under nbval alone"
-	@echo "make lab        set up and start JupyterLab with the project kernel"
+	@echo "make lab        set up and start JupyterLab with the project kernel (PRIVATE=1: in a network namespace of your own)"
 	@echo "make browser-check  open every notebook in headless Chromium -> $(BUILD)/browser/*.png"
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
@@ -96,9 +96,25 @@ bench: setup data
 
 # JupyterLab on 127.0.0.1 offering only the project kernel, with ipyparallel's sidebar
 # (chexnet_utils/lab.py); extra options through LAB_ARGS, e.g. LAB_ARGS="--port 8801".
+# PRIVATE=1 (a shared host): the lab and everything it starts (kernels, MPI engines and
+# mpiexec, the tf.data service) in a network namespace of your own, made without root
+# (python -m chexnet_utils.exposure private), so no other account or host can reach any of
+# it; JupyterLab then listens on a Unix socket (mode 0600; LAB_SOCKET, default
+# $(BUILD)/lab.sock), reached with ssh -L 8888:<socket> you@host, then the
+# http://127.0.0.1:8888/lab?token=... it prints (the host part of its URL aside).
 LAB_ARGS ?=
+PRIVATE ?=
+LAB_SOCKET ?=
 lab: setup
+ifeq ($(PRIVATE),1)
+	mkdir -p "$(BUILD)"
+	sock="$(LAB_SOCKET)"; [ -n "$$sock" ] || sock="$$(cd "$(BUILD)" && pwd)/lab.sock"; \
+	echo "JupyterLab on $$sock: from your laptop, ssh -L 8888:$$sock $$USER@$$(hostname)"; \
+	exec "$(PY)" -m chexnet_utils.exposure private -- "$(PY)" -m chexnet_utils.lab \
+	  --notebook-dir=notebooks --ServerApp.sock="$$sock" $(LAB_ARGS)
+else
 	"$(PY)" -m chexnet_utils.lab --notebook-dir=notebooks $(LAB_ARGS)
+endif
 
 # The same JupyterLab headless; Chromium opens each notebook, checks its title and kernel,
 # and saves build/browser/NN_*.png (also part of `make test`).
@@ -114,9 +130,9 @@ fresh-check:
 
 # The package as a normal user on a multi-user host (#30; needs root, CI runs it after
 # make test): a learner account and another account holding an Open MPI shared-memory
-# segment with a process running; as the learner the unit layer, notebook 00 and one
-# engine-cluster test; both accounts and their files removed and checked
-# (scripts/nonroot_check.sh).
+# segment with a process running; as the learner the unit layer, notebook 00, one
+# engine-cluster test and the local Slurm's daemons as the learner; both accounts and their
+# files removed and checked (scripts/nonroot_check.sh).
 nonroot-check: setup
 	@PY="$(PY)" bash scripts/nonroot_check.sh
 
@@ -133,14 +149,16 @@ clean:
 distclean: clean
 	rm -rf "$(VENV)" .venv-gpu data/synthetic-*
 
-# A real Slurm on this machine (chexnet_utils/slurm_local.py; needs root and slurm-wlm +
-# munge, which `make setup` installs as root): munged, slurmctld and slurmd (clients and node
-# on loopback; slurmctld and slurmd listen on all interfaces) with everything in
-# $(BUILD)/slurm, the node idle, then it prints how to use it (export SLURM_CONF=..., sinfo,
-# sbatch scripts/slurm_horovod.sbatch) and runs until Ctrl-C, which
-# cancels the jobs and stops every daemon. SLURM_ARGS=up / status / down: start and return,
-# show, stop.
+# A real Slurm on this machine for the user who runs it (chexnet_utils/slurm_local.py; needs
+# slurm-wlm + munge, which `make setup` installs as root, but not root itself): munged,
+# slurmctld and slurmd as that user, listening on loopback where the host name resolves to it,
+# munge's socket private to that user (no other account can submit), everything in
+# $(SLURM_DIR) (refused if another account could swap a folder on its path for a link), the
+# node idle; then it prints how to use it (export SLURM_CONF=..., sinfo, sbatch
+# scripts/slurm_horovod.sbatch) and who can reach it, and runs until Ctrl-C, which cancels
+# the jobs and stops every daemon. SLURM_ARGS=up / status / down: start and return, show, stop.
 .PHONY: slurm
 SLURM_ARGS ?= run
+SLURM_DIR ?= $(BUILD)/slurm
 slurm: setup
-	"$(PY)" -m chexnet_utils.slurm_local $(SLURM_ARGS) --dir "$(BUILD)/slurm"
+	"$(PY)" -m chexnet_utils.slurm_local $(SLURM_ARGS) --dir "$(SLURM_DIR)"

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import threading
@@ -324,7 +324,10 @@ class MPICluster:
         self.engine_pids: list[int] = []
         self._ranks: list[int] = []
         self.last_outputs: list[str] = []
-        self._tracked: set[int] = set()
+        self._tracked: dict[int, Any] = {}
+        """pid -> the ``psutil.Process`` captured when it was first seen: signalled later
+        only if it is still that process (psutil checks its start time), never a process
+        that got the pid after it exited."""
         self._profile_dir: str | None = None
         self.profile_parent: str | None = None  # where the private profile folder is made
         self.start_seconds: float | None = None
@@ -426,16 +429,23 @@ class MPICluster:
                     pids.append(int(pid))
         return pids
 
-    def _track_processes(self) -> None:
-        """Remember every process the cluster started: launchers and all their children."""
+    def _track(self, pid: int, with_children: bool = True) -> None:
+        """Remember process ``pid`` (and, with ``with_children``, every process below it) as
+        ``psutil.Process`` objects, captured now."""
         import psutil
 
+        try:
+            proc = self._tracked.get(pid) or psutil.Process(pid)
+            self._tracked.setdefault(pid, proc)
+            for child in proc.children(recursive=True) if with_children else ():
+                self._tracked.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+
+    def _track_processes(self) -> None:
+        """Remember every process the cluster started: launchers and all their children."""
         for pid in [*self._launcher_pids(), *self.engine_pids]:
-            self._tracked.add(pid)
-            try:
-                self._tracked.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-            except psutil.NoSuchProcess:
-                pass
+            self._track(pid)
 
     def pids(self) -> set[int]:
         """Pids of every process this cluster started (for checks that nothing is left)."""
@@ -467,12 +477,7 @@ class MPICluster:
                 self.cluster.stop_cluster_sync()
             except Exception:
                 pass
-        procs = []
-        for pid in self._tracked:
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
+        procs = list(self._tracked.values())   # captured while they ran: no reused pid
         # The engines and the controller have been told to stop and exit within a moment;
         # what lingers is ipyparallel's engine nannies, which notice that their engine is
         # gone only at their next poll (about 3 s) and hold nothing worth saving once it is:

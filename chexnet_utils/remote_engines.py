@@ -40,7 +40,24 @@ from typing import Any
 
 from chexnet_utils.atomic import make_private
 from chexnet_utils.distributed import check_listen_address
-from chexnet_utils.processes import alive, wait_gone
+from chexnet_utils.processes import wait_gone
+
+
+def boot_id() -> str:
+    """This kernel's boot id: the same in every network namespace and container of this
+    machine, different on another host (``/proc/sys/kernel/random/boot_id``)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        import socket
+
+        return socket.gethostname()
+
+
+def boot_id_and_pid() -> tuple[str, int]:
+    """Run on an engine: where it runs (:func:`boot_id`) and its pid."""
+    return boot_id(), os.getpid()
 
 
 class RemoteEngines:
@@ -65,6 +82,11 @@ class RemoteEngines:
         self.profile_dir: str | None = None
         self.engines: list[subprocess.Popen[bytes]] = []
         self.engine_pids: list[int] = []
+        self._local: list[Any] = []
+        """``psutil.Process`` of the controller and of the engines that run on this machine
+        (same ``boot_id``: a network namespace here, not another host), captured at start:
+        :meth:`stop` signals only these, never a process that got one of their pids later,
+        nor a local process whose pid number an engine on another host happens to have."""
 
     # -- connection files ------------------------------------------------------------------
     def connection_file(self, kind: str) -> str:
@@ -112,6 +134,7 @@ class RemoteEngines:
             self.cluster = ipp.Cluster(profile_dir=self.profile_dir, controller_ip=self.ip,
                                        n=0, config=cfg, log_level=40, shutdown_atexit=True)
             self.cluster.start_controller_sync()
+            self._capture_local([(boot_id(), self.cluster.controller.process.pid)])
             self._wait_for_files(time.monotonic() + self.engine_timeout)
             self._secure_files()
             engine_file = self.connection_file("engine")
@@ -124,12 +147,25 @@ class RemoteEngines:
             self.client.wait_for_engines(self.n, timeout=self.engine_timeout)
             self.view = self.client.broadcast_view()
             self.view.block = True
-            self.engine_pids = [int(p) for p in self.view.apply_sync(os.getpid)]
+            where = [(str(b), int(p)) for b, p in self.view.apply_sync(boot_id_and_pid)]
+            self.engine_pids = [pid for _, pid in where]
+            self._capture_local(where)
             self._secure_files()  # and whatever the client wrote since
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _capture_local(self, where: Sequence[tuple[str, int]]) -> None:
+        import psutil
+
+        here = boot_id()
+        for boot, pid in where:
+            if boot == here:
+                try:
+                    self._local.append(psutil.Process(pid))
+                except psutil.NoSuchProcess:
+                    pass
 
     def controller_listening(self) -> set[str]:
         """Addresses the controller's processes listen on (should be just ``{ip}``)."""
@@ -156,7 +192,6 @@ class RemoteEngines:
         still alive afterwards (``[]`` when all is gone)."""
         import psutil
 
-        started = [p.pid for p in self.engines] + self.engine_pids
         if self.client is not None:
             try:
                 self.client.shutdown(hub=False, block=True, targets="all")
@@ -171,27 +206,23 @@ class RemoteEngines:
                 proc.kill()
                 proc.wait(timeout=timeout)
         if self.cluster is not None:
-            ctl = self.cluster.controller
-            if ctl is not None and getattr(ctl, "process", None) is not None:
-                started.append(ctl.process.pid)
             try:
                 self.cluster.stop_cluster_sync()
             except Exception:
                 pass
             self.cluster = None
-        leftovers = []
-        for pid in alive(started):
+        leftovers = wait_gone(self._local, 0)
+        for proc in leftovers:
             try:
-                leftovers.append(psutil.Process(pid))
-                leftovers[-1].kill()
+                proc.kill()   # psutil: only if it is still the process captured at start
             except psutil.NoSuchProcess:
                 pass
-        wait_gone(leftovers, timeout)
+        still = wait_gone(leftovers, timeout)
         if self.profile_dir is not None:
             shutil.rmtree(self.profile_dir, ignore_errors=True)
             self.profile_dir = None
-        self.engines, self.view = [], None
-        return alive(started)
+        self.engines, self.view, self._local = [], None, []
+        return [p.pid for p in still]
 
     def __enter__(self) -> RemoteEngines:
         return self.start()

@@ -40,17 +40,31 @@ def slurm_missing_reason(daemons: bool = True) -> str | None:
     """Why Slurm cannot be used on this machine, or ``None`` when it can.
 
     Checks the client commands and, with ``daemons``, ``munged``/``slurmctld``/``slurmd``
-    (searched in ``PATH`` and ``/usr/sbin``) and root (the one-machine Slurm runs its
-    daemons as root).
+    (searched in ``PATH`` and ``/usr/sbin``) and that this process may call ``setgroups``,
+    which ``slurmd`` does at start. Root is not needed: the one-machine Slurm runs its daemons
+    as the user who starts it. A user namespace made without root (``make lab PRIVATE=1`` as
+    a normal user) forbids ``setgroups``.
     """
     missing = [c for c in SLURM_COMMANDS if shutil.which(c) is None]
     if daemons:
         missing += [d for d in DAEMONS if daemon_path(d) is None]
     if missing:
         return f"Slurm is not installed ({', '.join(missing)} missing): {INSTALL_HINT}"
-    if daemons and hasattr(os, "geteuid") and os.geteuid() != 0:
-        return "the one-machine Slurm runs munged, slurmctld and slurmd as root; this is not root"
+    if daemons and setgroups_denied():
+        return ("slurmd cannot start in this user namespace (setgroups is denied here, as in "
+                "make lab PRIVATE=1 started by a normal user): run the Slurm appendix from a "
+                "lab outside it (make lab; the local Slurm is usable by you only anyway)")
     return None
+
+
+def setgroups_denied(path: str = "/proc/self/setgroups") -> bool:
+    """True in a user namespace that forbids ``setgroups`` (its ``/proc/self/setgroups``
+    says ``deny``: one made without root, ``unshare --map-root-user``)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip() == "deny"
+    except OSError:
+        return False
 
 
 def daemon_path(name: str) -> str | None:

@@ -141,17 +141,10 @@ class SlurmCluster(MPICluster):
         return [pid for pid, host in zip(self.engine_pids, hosts) if host == me]
 
     def _track_processes(self) -> None:
-        import psutil
-
         for pid in self._local_engine_pids():
-            self._tracked.add(pid)
-            try:
-                self._tracked.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-            except psutil.NoSuchProcess:
-                pass
-        launch_pids = self._launcher_pids()  # the local controller
-        for pid in launch_pids:
-            self._tracked.add(pid)
+            self._track(pid)
+        for pid in self._launcher_pids():  # the local controller
+            self._track(pid, with_children=False)
 
     def _engines_alive(self) -> bool:
         if self.cluster is None:

@@ -1,4 +1,4 @@
-"""A real Slurm on this one machine: ``munged``, ``slurmctld`` and ``slurmd`` on loopback.
+"""A real Slurm on this one machine: ``munged``, ``slurmctld`` and ``slurmd``, for its user only.
 
 For the tests (``tests/mpi/conftest.py``) and for trying Slurm by hand (``make slurm``)::
 
@@ -9,16 +9,42 @@ For the tests (``tests/mpi/conftest.py``) and for trying Slurm by hand (``make s
 Everything lives in one state folder (a new temporary one unless ``state_dir`` is given):
 ``slurm.conf``, a generated munge key (0400), munge's socket, the daemons' logs, pid files,
 ``StateSaveLocation`` and ``SlurmdSpoolDir``, and ``jobcomp.txt`` (``jobcomp/filetxt``: one
-line per finished job, as there is no accounting database for ``sacct``). The daemons run
-as root (``SlurmUser=root``, ``ProctrackType=proctrack/linuxproc``, ``TaskPlugin=task/none``:
-no cgroups needed), the node is this machine at ``127.0.0.1`` with the CPUs and memory
-``slurmd -C`` reports, on free non-default ports. Nothing touches a system Slurm: every
-client command gets this ``SLURM_CONF`` through :attr:`LocalSlurm.env` (never through this
-process's environment), and munge has its own socket and key.
+line per finished job, as there is no accounting database for ``sacct``). The node is this
+machine, with the CPUs and memory ``slurmd -C`` reports, on free non-default ports. Nothing
+touches a system Slurm: every client command gets this ``SLURM_CONF`` through
+:attr:`LocalSlurm.env` (never through this process's environment), and munge has its own
+socket and key.
+
+**Who can reach it** (:attr:`LocalSlurm.exposure` says it in one line):
+
+- The daemons run as **the user who starts them** (``SlurmUser`` = ``SlurmdUser`` = that
+  user; ``ProctrackType=proctrack/linuxproc``, ``TaskPlugin=task/none``: no cgroups, no
+  root needed), so jobs run as that user too. Root is needed by nobody; as root they run as
+  root (a container, CI).
+- They **listen on loopback only** where this host's name resolves to a loopback address
+  (Slurm's ``CommunicationParameters=NoCtldInAddrAny,NoInAddrAny`` binds to what the name
+  resolves to, Slurm 22.05 ``slurm.conf(5)``; :func:`~chexnet_utils.slurm_access.loopback_bind_address`); the clients
+  and the node use that address. Where the name resolves to a network address they would
+  bind there, so they listen on every interface instead and :attr:`LocalSlurm.exposure`
+  says so.
+- Every Slurm message carries a munge credential, and **only this user can get one**: the
+  state folder and every folder in it are 0700, munge's socket folder included (``munged``
+  wants that folder open to all; ``--force`` makes that a warning), and the key is 0400.
+  Another account can neither submit nor query.
+- The state folder is **checked before anything is written** (:func:`~chexnet_utils.slurm_access.check_state_dir`):
+  no symbolic link in it, everything in it this user's, and every folder above it owned by
+  root or this user and not writable by other accounts (unless sticky, like ``/tmp``), so
+  nobody else can swap a folder for a link while the daemons write (``make slurm`` as root
+  in another user's checkout is refused). Files are created with ``O_NOFOLLOW``.
 
 :meth:`LocalSlurm.stop` cancels every job, stops the daemons (SIGTERM, then SIGKILL) and
 checks by pid that none is left, nor any ``slurmstepd`` of this Slurm (found by its
-``SLURM_CONF``) or process below one.
+``SLURM_CONF``) or process below one; if the process that started them dies without
+stopping them (a kernel killed with SIGKILL), a watchdog does
+(:func:`chexnet_utils.processes.start_watchdog`: the daemons carry its token; ``up`` ends it,
+its daemons outlive the command). Two of them run side by side on one machine (own
+state folder, socket, key and ports; a port taken between choosing and binding it is
+chosen again).
 
 Command line (``make slurm`` runs ``run``)::
 
@@ -32,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import secrets
@@ -46,12 +73,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from chexnet_utils import slurm as S
-from chexnet_utils.atomic import write_json_atomic
+from chexnet_utils.atomic import write_json_atomic, write_text_atomic
+from chexnet_utils.slurm_access import (check_state_dir, invoking_user, loopback_bind_address,
+                                        open_new, private_folder)
 
 NODE_NAME = "chexnet-node"
 PARTITION = "debug"
 START_TIMEOUT = 30.0
 """Seconds :meth:`LocalSlurm.start` waits for the node to show ``idle`` in ``sinfo``."""
+STATE_FOLDERS = ("munge-run", "munge", "log", "ctld-state", "slurmd-spool")
+"""The folders inside the state folder (all 0700, like the state folder itself)."""
+PORT_ATTEMPTS = 3
+"""How often :meth:`LocalSlurm.start` chooses new ports when one was taken meanwhile."""
+_PORT_TAKEN = "Address already in use"
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -93,20 +127,30 @@ def check_conf_path(state: Path) -> None:
 
 
 def slurm_conf(state: Path, ctld_port: int, slurmd_port: int, hardware: str,
-               host: str | None = None) -> str:
+               host: str | None = None, user: str = "root",
+               bind_address: str | None = None) -> str:
     """The text of ``slurm.conf`` for this host with everything in ``state``.
+
+    ``user``: the account the daemons run as (``SlurmUser``, ``SlurmdUser``).
+    ``bind_address``: the loopback address this host's name resolves to
+    (:func:`~chexnet_utils.slurm_access.loopback_bind_address`): the daemons listen there only
+    (``NoCtldInAddrAny,NoInAddrAny``) and clients and node use it; ``None``: they listen on
+    every interface, clients and node use ``127.0.0.1``.
 
     Raises :class:`~chexnet_utils.slurm.SlurmError` for a ``state`` path slurm.conf cannot
     hold (:func:`check_conf_path`)."""
     check_conf_path(state)
     host = host or socket.gethostname().split(".")[0]
+    addr = bind_address or "127.0.0.1"
+    bind = ("# listen only where this host's name resolves to (a loopback address)\n"
+            "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny\n") if bind_address else ""
     return f"""\
 # One-machine Slurm written by chexnet_utils.slurm_local (state folder {state})
 ClusterName=chexnet
-SlurmctldHost={host}(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-SlurmctldPort={ctld_port}
+SlurmctldHost={host}({addr})
+SlurmUser={user}
+SlurmdUser={user}
+{bind}SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 AuthType=auth/munge
 AuthInfo=socket={state}/munge-run/munge.socket
@@ -130,7 +174,7 @@ MpiDefault=none
 MinJobAge=600
 ReturnToService=2
 SlurmdTimeout=60
-NodeName={NODE_NAME} NodeAddr=127.0.0.1 NodeHostname={host} {hardware} State=UNKNOWN
+NodeName={NODE_NAME} NodeAddr={addr} NodeHostname={host} {hardware} State=UNKNOWN
 PartitionName={PARTITION} Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -160,6 +204,13 @@ class LocalSlurm:
         self._popens: list[subprocess.Popen[bytes]] = []
         self.node = NODE_NAME
         self.partition = PARTITION
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self.lifeline: str | None = None
+        """The token the daemons carry (``CHEXNET_LIFELINE``) while this process owns them."""
+        self.bind_address: str | None = None
+        """Where the daemons listen (:func:`~chexnet_utils.slurm_access.loopback_bind_address`); ``None``: everywhere."""
+        self.ports: tuple[int, ...] = ()
+        """``(SlurmctldPort, SlurmdPort)`` after :meth:`start`."""
 
     # -- paths and environment ------------------------------------------------------------
     @property
@@ -188,63 +239,158 @@ class LocalSlurm:
 
     # -- life cycle ------------------------------------------------------------------------
     def start(self) -> "LocalSlurm":
-        """Write the configuration, start the three daemons, wait until the node is idle."""
+        """Check the state folder, write the configuration, start the three daemons as this
+        user, wait until the node is idle."""
         reason = S.slurm_missing_reason()
         if reason:
             raise S.SlurmError(reason)
+        user = invoking_user()
         if self.state is None:
-            self.state = Path(tempfile.mkdtemp(prefix="chexnet-slurm-"))
+            self.state = Path(tempfile.mkdtemp(prefix="chexnet-slurm-"))  # 0700
+        elif not self.state.is_absolute():
+            self.state = Path(os.path.abspath(self.state))
         st = self.state
         check_conf_path(st)
-        for sub, mode in (("", 0o755), ("munge-run", 0o755), ("munge", 0o700), ("log", 0o755),
-                          ("ctld-state", 0o700), ("slurmd-spool", 0o755)):
-            (st / sub).mkdir(parents=True, exist_ok=True)
-            os.chmod(st / sub, mode)   # munged wants its socket folder open to all
+        check_state_dir(st)
         if (st / "pids.json").exists():
             raise S.SlurmError(f"{st} has a running Slurm already (pids.json): "
                                f"stop it first (python -m chexnet_utils.slurm_local down "
                                f"--dir {st})")
+        st.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(st)
+        for sub in STATE_FOLDERS:
+            private_folder(st / sub)
         key = st / "munge" / "munge.key"
-        key.unlink(missing_ok=True)
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)  # never readable by others
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(open_new(key, 0o400), "wb") as f:   # never readable by others
             f.write(secrets.token_bytes(1024))
-        ctld_port, slurmd_port = free_ports(2)
-        self.conf_path.write_text(slurm_conf(st, ctld_port, slurmd_port, node_hardware()))
-        env = self.env
-        # A notebook cell that raises between start() and stop() must not leave three root
+        self.bind_address = loopback_bind_address()
+        hardware = node_hardware()
+        # A killed kernel (SIGKILL: no atexit) must not leave the daemons either: they carry
+        # this Slurm's lifeline token, and a watchdog stops them when this process dies.
+        from chexnet_utils.processes import LIFELINE_ENV, lifeline_tokens, start_watchdog
+
+        self.lifeline = f"slurm-{os.getpid()}-{secrets.token_hex(4)}"
+        self._watchdog = start_watchdog(os.getpid(), self.lifeline)
+        env = {**self.env, LIFELINE_ENV: ",".join([*lifeline_tokens(), self.lifeline])}
+        # A notebook cell that raises between start() and stop() must not leave three
         # daemons behind: the interpreter's exit (kernel shutdown) stops them.
         atexit.register(self._stop_at_exit)
         try:
+            # --force: munged refuses a socket folder that every account cannot enter;
+            # this one is 0700 on purpose, so that only this user gets credentials
             self._spawn("munged", [
-                "-F", f"--socket={st}/munge-run/munge.socket", f"--key-file={key}",
+                "-F", "--force", f"--socket={st}/munge-run/munge.socket", f"--key-file={key}",
                 f"--pid-file={st}/munge-run/munged.pid", f"--log-file={st}/log/munged.log",
                 f"--seed-file={st}/munge/munged.seed"], env)
             self._wait_for(lambda: (st / "munge-run" / "munge.socket").exists(), "munged")
-            self._spawn("slurmctld", ["-D", "-f", str(self.conf_path)], env)
-            self._spawn("slurmd", ["-D", "-f", str(self.conf_path), "-N", self.node], env)
-            self._wait_for(lambda: self.node_state() == "idle", "the node to be idle in sinfo")
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                self.ports = tuple(free_ports(2))
+                write_text_atomic(self.conf_path, slurm_conf(
+                    st, *self.ports, hardware, user=user, bind_address=self.bind_address))
+                logs = self._log_sizes()
+                try:
+                    self._spawn("slurmctld", ["-D", "-f", str(self.conf_path)], env)
+                    self._spawn("slurmd", ["-D", "-f", str(self.conf_path), "-N", self.node],
+                                env)
+                    self._wait_for(lambda: self.node_state() == "idle",
+                                   "the node to be idle in sinfo", logs)
+                    break
+                except S.SlurmError as e:
+                    if attempt == PORT_ATTEMPTS or _PORT_TAKEN not in str(e):
+                        raise
+                    self._stop_daemons(("slurmd", "slurmctld"))  # a port was taken: again
         except BaseException:
             self.stop()
             raise
         return self
 
+    @property
+    def exposure(self) -> str:
+        """Who can reach this Slurm, in one line (after :meth:`start`)."""
+        user = invoking_user()
+        where = (f"listen on {self.bind_address} only (this host's name resolves to it; "
+                 "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny)"
+                 if self.bind_address else
+                 "listen on every interface (this host's name does not resolve to a loopback "
+                 "address, and Slurm binds to that address or to all: firewall ports "
+                 f"{' and '.join(map(str, self.ports))} against the network)")
+        return (f"slurmctld and slurmd run as {user} and {where}; every request needs a "
+                f"munge credential, which only {user} can get (munge's socket folder is "
+                "0700), so no other account can use this Slurm")
+
+    def _ports_taken(self) -> list[int]:
+        """This Slurm's ports that another program holds: a test bind fails and the daemon
+        does not listen there (slurmctld would retry for about 10 s, then exit)."""
+        import psutil
+
+        taken = []
+        for port in self.ports:
+            with socket.socket() as probe:
+                try:
+                    probe.bind((self.bind_address or "127.0.0.1", port))
+                    continue
+                except OSError:
+                    pass
+            ours = set()
+            for name in ("slurmctld", "slurmd"):
+                with contextlib.suppress(psutil.Error, KeyError):
+                    proc = psutil.Process(self.daemon_pids[name])
+                    ours |= {c.laddr.port for c in proc.net_connections("inet")
+                             if c.status == psutil.CONN_LISTEN}
+            if port not in ours:
+                taken.append(port)
+        return taken
+
+    def _log_sizes(self) -> dict[Path, int]:
+        assert self.state is not None
+        logs = [self.state / "log" / f"{n}{ext}" for n in ("slurmctld", "slurmd")
+                for ext in (".log", ".stderr")]
+        return {p: p.stat().st_size if p.exists() else 0 for p in logs}
+
+    def _new_log_text(self, sizes: Mapping[Path, int]) -> str:
+        text = []
+        for path, size in sizes.items():
+            if path.exists():
+                with path.open("rb") as f:
+                    f.seek(size)
+                    text.append(f.read().decode(errors="replace"))
+        return "\n".join(text)
+
+    def _stop_daemons(self, names: Sequence[str]) -> None:
+        """SIGKILL the daemons ``names`` of a failed start (nothing to save yet; slurmctld
+        waiting for a taken port does not answer SIGTERM), to start them again."""
+        assert self.state is not None
+        for name in names:
+            pid = self.daemon_pids.pop(name, None)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                self._wait_pids([pid], 5)
+        write_json_atomic(self.state / "pids.json", self.daemon_pids)
+
     def _spawn(self, name: str, args: Sequence[str], env: Mapping[str, str]) -> None:
         assert self.state is not None
         exe = S.daemon_path(name)
         assert exe is not None
-        out = open(self.state / "log" / f"{name}.stderr", "ab")
+        out = os.open(self.state / "log" / f"{name}.stderr",
+                      os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o600)
         try:
             proc = subprocess.Popen([exe, *args], env=dict(env), stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         finally:
-            out.close()
+            os.close(out)
         self._popens.append(proc)
         self.daemon_pids[name] = proc.pid
         write_json_atomic(self.state / "pids.json", self.daemon_pids)
 
-    def _wait_for(self, ready: Callable[[], bool], what: str) -> None:
+    def _wait_for(self, ready: Callable[[], bool], what: str,
+                  logs: Mapping[Path, int] | None = None) -> None:
+        """Wait until ``ready()``; :class:`~chexnet_utils.slurm.SlurmError` with the logs'
+        tails when a daemon exits, when the text the daemons logged since ``logs`` (sizes,
+        :meth:`_log_sizes`) says a port is taken (slurmctld retries that for about 10 s
+        before it exits), or after ``start_timeout``."""
         from chexnet_utils.processes import pid_alive
 
         deadline = time.monotonic() + self.start_timeout
@@ -253,6 +399,11 @@ class LocalSlurm:
             if dead:
                 raise S.SlurmError(f"{', '.join(dead)} exited during start-up:\n"
                                    f"{self.log_tails()}")
+            taken = self._ports_taken() if logs is not None else []
+            if taken or (logs is not None and _PORT_TAKEN in self._new_log_text(logs)):
+                raise S.SlurmError(f"port {' or '.join(map(str, taken or self.ports))} was "
+                                   f"taken by another program after it was chosen "
+                                   f"({_PORT_TAKEN}):\n{self.log_tails()}")
             if ready():
                 return
             time.sleep(0.2)
@@ -341,11 +492,20 @@ class LocalSlurm:
             shutil.rmtree(self.state, ignore_errors=True)
         self.daemon_pids = {}
         atexit.unregister(self._stop_at_exit)
+        from chexnet_utils.processes import release_watchdog
+
+        release_watchdog(self._watchdog)   # nothing carries the token any more
+        self._watchdog = self.lifeline = None
 
     def detach(self) -> "LocalSlurm":
         """Leave the daemons running when this interpreter exits (``up``); by default they are
-        stopped then. :meth:`attach` and :meth:`stop` (``down``) find them again."""
+        stopped then, or by the watchdog if this process is killed. :meth:`attach` and
+        :meth:`stop` (``down``) find them again."""
         atexit.unregister(self._stop_at_exit)
+        if self._watchdog is not None:      # ended without stopping what carries the token
+            self._watchdog.kill()
+            self._watchdog.wait()
+            self._watchdog = None
         return self
 
     def _stop_at_exit(self) -> None:
@@ -375,6 +535,13 @@ class LocalSlurm:
         if not pids.exists():
             raise S.SlurmError(f"no Slurm started in {state_dir} (no pids.json)")
         slurm.daemon_pids = {k: int(v) for k, v in json.loads(pids.read_text()).items()}
+        conf = dict(line.split("=", 1) for line in slurm.conf_path.read_text().splitlines()
+                    if "=" in line and not line.startswith("#")) \
+            if slurm.conf_path.exists() else {}
+        with contextlib.suppress(KeyError, ValueError):
+            slurm.ports = (int(conf["SlurmctldPort"]), int(conf["SlurmdPort"]))
+        if "CommunicationParameters" in conf:
+            slurm.bind_address = conf["SlurmctldHost"].partition("(")[2].rstrip(")")
         return slurm
 
     def __enter__(self) -> "LocalSlurm":
@@ -414,6 +581,8 @@ class LocalSlurm:
 def _print_usage(slurm: LocalSlurm) -> None:
     print(f"Slurm is up: node {slurm.node} idle in partition {slurm.partition} "
           f"(state, logs, slurm.conf in {slurm.state})")
+    if slurm.ports:
+        print(f"Who can reach it: {slurm.exposure}")
     print("In another shell:")
     print(f"  export SLURM_CONF={slurm.conf_path}")
     print("  sinfo; srun -n2 hostname")
@@ -427,7 +596,7 @@ def _print_usage(slurm: LocalSlurm) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m chexnet_utils.slurm_local run|up|status|down --dir DIR``."""
     parser = argparse.ArgumentParser(prog="python -m chexnet_utils.slurm_local",
-                                     description="a one-machine Slurm on loopback")
+                                     description="a one-machine Slurm for this user")
     parser.add_argument("action", choices=("run", "up", "status", "down"),
                         help="run: start, wait for Ctrl-C, stop; up/down: start/stop only")
     parser.add_argument("--dir", type=Path, default=Path("build/slurm"),
@@ -439,10 +608,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from chexnet_utils.processes import command_lifetime
 
             if args.action == "up":
-                LocalSlurm(state).start().detach()   # outlives this command: `down` stops it
+                slurm = LocalSlurm(state).start().detach()  # outlives this command: `down`
                 print(f"started; stop with: python -m chexnet_utils.slurm_local down --dir "
                       f"{args.dir}")
-                _print_usage(LocalSlurm.attach(state))
+                _print_usage(slurm)
                 return 0
             with command_lifetime(watchdog=False), LocalSlurm(state) as slurm:
                 _print_usage(slurm)
@@ -458,6 +627,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.action == "status":
             print(f"daemons: {slurm.daemon_pids}; node {slurm.node}: "
                   f"{slurm.node_state() or 'controller not answering'}")
+            if slurm.ports:
+                print(f"Who can reach it: {slurm.exposure}")
             print(S.run_slurm(["squeue"], env=slurm.env, check=False).stdout, end="")
             return 0
         slurm.stop()

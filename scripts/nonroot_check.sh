@@ -6,12 +6,18 @@
 #      segment in /dev/shm (and leaves a second one unheld), both touched every 0.5 s, as
 #      another learner's job would (neither may be deleted by anyone but their owner);
 #   3. as the learner, with a clean environment and the checkout read-only to it, runs the
-#      unit layer, notebook 00 under nbval and one engine-cluster test (a rank killed with
-#      SIGKILL, so MPICluster.stop() has a segment of the learner's own to clean up);
+#      unit layer, notebook 00 under nbval, one engine-cluster test (a rank killed with
+#      SIGKILL, so MPICluster.stop() has a segment of the learner's own to clean up) and the
+#      one-machine Slurm's first test (its daemons as the learner, on loopback only);
 #   4. checks that the other account's segments and process are untouched, also after this
 #      script (root) ran the same orphan clean-up;
-#   5. removes both accounts, their processes and every file they own in /tmp and /dev/shm,
+#   5. removes both accounts, their processes and every file they made in /tmp and /dev/shm,
 #      and checks that nothing is left.
+# The accounts get uids that own no file in /tmp, /dev/shm, /var/tmp or /home, and the
+# clean-up deletes only files made after this script started (their inode change time: a
+# test may set a file's modification time into the past): on a machine shared with other
+# work, an archive unpacked as root keeps its owners' uids (Horovod's sdist: 1001), and those
+# files are not the accounts' to delete.
 # PY: the interpreter whose packages are used (default: the checkout's .venv). Exit status:
 # the tests', or 1 when a check fails, 2 when not root.
 set -euo pipefail
@@ -44,22 +50,36 @@ cleanup() {
     uid=$(id -u "$u" 2>/dev/null) || continue
     for p in $(pids_of "$u"); do kill -KILL "$p" 2>/dev/null; done
     for _ in $(seq 50); do [ -z "$(pids_of "$u")" ] && break; sleep 0.1; done
-    find /tmp /dev/shm /var/tmp -xdev -depth -uid "$uid" -delete 2>/dev/null
+    find /tmp /dev/shm /var/tmp -xdev -depth -uid "$uid" -cnewer "$stamp" -delete 2>/dev/null
     userdel --remove "$u" 2>/dev/null
     left=$( (id "$u" 2>/dev/null; pids_of "$u"; find /tmp /dev/shm /var/tmp /home -xdev \
-      -uid "$uid" 2>/dev/null) | head -5)
+      -uid "$uid" -cnewer "$stamp" 2>/dev/null) | head -5)
     if [ -n "$left" ] || [ -e "/home/$u" ]; then
       echo "nonroot-check: cleanup left behind for $u: $left" >&2
       status=1 clean=
     fi
   done
   [ -n "$clean" ] && echo "nonroot-check: accounts $learner and $other removed, nothing left"
+  rm -f "$stamp"
   exit "$status"
 }
+stamp=$(mktemp)   # files made after this one are the accounts' to remove
 trap cleanup EXIT
 
-useradd --create-home --user-group --shell /bin/sh "$learner"
-useradd --create-home --user-group --shell /bin/sh "$other"
+# a uid (and gid) no account or group has and no file in the shared folders carries
+free_uid() {
+  local n=$1
+  while getent passwd "$n" >/dev/null || getent group "$n" >/dev/null \
+      || [ -n "$(find /tmp /dev/shm /var/tmp /home -xdev \( -uid "$n" -o -gid "$n" \) \
+                  -print -quit 2>/dev/null)" ]; do
+    n=$((n + 1))
+  done
+  echo "$n"
+}
+uid=$(free_uid 2000)
+useradd --create-home --user-group --uid "$uid" --shell /bin/sh "$learner"
+uid=$(free_uid $((uid + 1)))
+useradd --create-home --user-group --uid "$uid" --shell /bin/sh "$other"
 # as <account> <command...>: that account's ids and groups, a clean environment (only
 # PYTHONPATH passes through, for a run with another checkout's interpreter); AS_EXEC=1: exec
 as() {
@@ -116,12 +136,13 @@ others_intact() {
   kill -0 "$holder" 2>/dev/null || fail "the other account's process died during $1"
 }
 
-echo "nonroot-check: as $learner (uid $(id -u "$learner")): unit layer, notebook 00, an engine cluster"
+echo "nonroot-check: as $learner (uid $(id -u "$learner")): unit layer, notebook 00, an engine cluster, a local Slurm"
 start=$(date +%s)
 as "$learner" "$LPY" -m pytest -p no:cacheprovider -q --durations=5 tests/unit \
   notebooks/00_environment_check.ipynb --nbval-lax --nbval-current-env \
   --nbval-sanitize-with tests/nbval_sanitize.cfg \
-  "tests/mpi/test_cluster.py::test_killed_engine_fails_the_call_quickly_and_teardown_is_clean"
+  "tests/mpi/test_cluster.py::test_killed_engine_fails_the_call_quickly_and_teardown_is_clean" \
+  "tests/mpi/test_slurm.py::test_local_slurm_runs_as_its_user_on_loopback_only_and_stops_every_daemon"
 echo "nonroot-check: the tests took $(( $(date +%s) - start )) s as $learner"
 others_intact "the learner's tests"
 

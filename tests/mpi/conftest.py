@@ -13,9 +13,9 @@ from chexnet_utils.slurm_local import LocalSlurm
 
 @pytest.fixture(scope="session")
 def local_slurm() -> Iterator[LocalSlurm]:
-    """``munged``, ``slurmctld`` and ``slurmd`` on loopback in a temporary state folder, the
+    """``munged``, ``slurmctld`` and ``slurmd`` of this user in a temporary state folder, the
     node idle; stopped at the end of the session with no daemon (or job process) left,
-    checked by pid. Skips with the install command when Slurm or root is missing."""
+    checked by pid. Skips with the install command when Slurm is missing."""
     reason = slurm_missing_reason()
     if reason:
         pytest.skip(reason)

@@ -1,8 +1,10 @@
 """A real Slurm on this machine: daemons up and down, the batch script, engines as a Slurm job.
 
-Every test needs ``munged``/``slurmctld``/``slurmd`` (``apt-get install slurm-wlm munge``) and
-root; without them they skip with that reason. The shared Slurm is the session fixture
-``local_slurm`` (tests/mpi/conftest.py), which checks by pid at the end that nothing is left.
+Every test needs ``munged``/``slurmctld``/``slurmd`` (``apt-get install slurm-wlm munge``),
+not root (the daemons run as the user of the test; the non-root CI leg runs the first test
+as a normal user); without them they skip with that reason. The shared Slurm is the session
+fixture ``local_slurm`` (tests/mpi/conftest.py), which checks by pid at the end that nothing
+is left.
 """
 
 import json
@@ -16,9 +18,12 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from chexnet_utils.processes import alive
+from chexnet_utils import slurm_local
+from chexnet_utils.processes import alive, wait_pids_gone
 from chexnet_utils.slurm import slurm_missing_reason
+from chexnet_utils.slurm_access import invoking_user, loopback_bind_address
 from chexnet_utils.slurm_local import LocalSlurm
+from tests.listeners import ss_listeners
 
 pytestmark = pytest.mark.mpi
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -48,26 +53,49 @@ def submit_dir(tmp_path: Path, tfr: Path) -> Path:
     return tmp_path
 
 
-def test_local_slurm_starts_idle_on_loopback_and_stops_every_daemon():
+def _require_slurm() -> None:
     reason = slurm_missing_reason()
     if reason:
         pytest.skip(reason)
+
+
+def test_local_slurm_runs_as_its_user_on_loopback_only_and_stops_every_daemon():
+    """The daemons run as the user who starts them, listen on loopback only (``ss -ltnp``)
+    where the host name resolves to it, keep their state in 0700 folders, run jobs, and
+    stop with no process left (run as root here and as a normal user in the non-root leg)."""
+    _require_slurm()
+    me = invoking_user()
     with LocalSlurm() as slurm:
         conf = slurm.conf_path.read_text()
         pids = slurm.processes()
         daemons = dict(slurm.daemon_pids)
+        listeners = ss_listeners(daemons.values())
         assert slurm.node_state() == "idle"
         assert "SLURM_CONF" not in os.environ  # clients get it through slurm.env only
-        for line in ("SlurmUser=root", "ProctrackType=proctrack/linuxproc",
-                     "TaskPlugin=task/none", "JobCompType=jobcomp/filetxt", "NodeAddr=127.0.0.1"):
-            assert line in conf
+        for line in (f"SlurmUser={me}", f"SlurmdUser={me}", "ProctrackType=proctrack/linuxproc",
+                     "TaskPlugin=task/none", "JobCompType=jobcomp/filetxt"):
+            assert line in conf.splitlines()
         ports = {int(line.split("=")[1]) for line in conf.splitlines()
                  if line.startswith(("SlurmctldPort=", "SlurmdPort="))}
         assert len(ports) == 2 and not ports & {6817, 6818}  # not the system Slurm's
         assert f"AuthInfo=socket={slurm.state}/munge-run/munge.socket" in conf
-        srun = subprocess.run(["srun", "-n2", "sh", "-c", "echo $SLURM_PROCID"], env=slurm.env,
-                              capture_output=True, text=True, timeout=30)
-        assert sorted(srun.stdout.split()) == ["0", "1"], srun.stderr
+        for pid in daemons.values():       # every daemon runs as this user
+            assert os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+        assert {(lst.name, lst.port) for lst in listeners} == \
+            {("slurmctld", slurm.ports[0]), ("slurmd", slurm.ports[1])}
+        if loopback_bind_address() is not None:   # the host name resolves to loopback
+            assert all(lst.loopback for lst in listeners), listeners
+            assert f"listen on {slurm.bind_address} only" in slurm.exposure
+        else:
+            assert "listen on every interface" in slurm.exposure
+        assert {p.name: p.stat().st_mode & 0o777 for p in [slurm.state, *(
+            slurm.state / sub for sub in slurm_local.STATE_FOLDERS[:4])]} == \
+            {slurm.state.name: 0o700, "munge-run": 0o700, "munge": 0o700, "log": 0o700,
+             "ctld-state": 0o700}
+        srun = subprocess.run(["srun", "-n2", "sh", "-c", "echo $SLURM_PROCID $(id -u)"],
+                              env=slurm.env, capture_output=True, text=True, timeout=30)
+        assert sorted(srun.stdout.splitlines()) == [f"0 {os.geteuid()}", f"1 {os.geteuid()}"], \
+            srun.stderr
         state = slurm.state
     assert set(daemons) == {"munged", "slurmctld", "slurmd"}
     assert set(daemons.values()) <= set(pids)
@@ -75,12 +103,67 @@ def test_local_slurm_starts_idle_on_loopback_and_stops_every_daemon():
     assert not state.exists()
 
 
+def test_another_account_cannot_get_a_credential_nor_use_this_slurm(local_slurm):
+    """munge's socket folder is 0700: another account cannot get a credential, so it can
+    not submit a job (nor send any other request), even with a copy of slurm.conf it can
+    read."""
+    if os.geteuid() != 0:
+        pytest.skip("running a command as another account needs root")
+    socket_path = local_slurm.state / "munge-run" / "munge.socket"
+    readable = Path(tempfile.mkdtemp(prefix="chexnet-slurm-conf-"))   # under /tmp: 0755
+    try:
+        readable.chmod(0o755)
+        shutil.copy(local_slurm.conf_path, readable / "slurm.conf")
+        (readable / "slurm.conf").chmod(0o644)
+        env = {"PATH": os.environ["PATH"], "SLURM_CONF": str(readable / "slurm.conf")}
+        runs = {cmd[0]: subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                                       user=4242, group=4242, env=env, cwd=readable)
+                for cmd in (["munge", "-n", f"--socket={socket_path}"],
+                            ["sbatch", "--wrap", "true"])}
+    finally:
+        shutil.rmtree(readable)
+    for name, run in runs.items():
+        assert run.returncode != 0, (name, run.stdout)
+        assert f'Failed to access "{socket_path}": Permission denied' in run.stderr, run.stderr
+    assert local_slurm.node_state() == "idle"       # its owner still can
+
+
+def test_two_local_slurms_run_side_by_side_even_when_a_port_is_taken(local_slurm,
+                                                                    monkeypatch):
+    """Another engineer's LocalSlurm on the same machine: its own state folder, socket, key
+    and ports. Here the second one is made to choose the first one's controller port: it sees
+    the port taken, chooses again, and both run jobs; stopping one leaves the other."""
+    real, choices = slurm_local.free_ports, []
+
+    def first_choice_taken(n, host="127.0.0.1"):
+        choices.append(n)
+        return [local_slurm.ports[0], *real(n - 1)] if len(choices) == 1 else real(n)
+
+    monkeypatch.setattr(slurm_local, "free_ports", first_choice_taken)
+    with LocalSlurm() as second:
+        assert len(choices) == 2 and not set(second.ports) & set(local_slurm.ports)
+        assert second.state != local_slurm.state
+        for slurm in (local_slurm, second):
+            out = subprocess.run(["srun", "-n1", "sh", "-c", "echo $SLURM_JOB_ID"],
+                                 env=slurm.env, capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0 and out.stdout.strip().isdigit(), out.stderr
+        others = set(local_slurm.processes())
+        assert others.isdisjoint(second.processes())
+    assert local_slurm.node_state() == "idle" and sorted(alive(others)) == sorted(others)
+
+
+def test_a_second_start_in_the_same_state_folder_is_refused(local_slurm):
+    with pytest.raises(slurm_local.S.SlurmError) as info:
+        LocalSlurm(local_slurm.state).start()
+    assert str(info.value).startswith(f"{local_slurm.state} has a running Slurm already "
+                                      "(pids.json): stop it first")
+    assert local_slurm.node_state() == "idle"
+
+
 def test_local_slurm_an_error_leaves_running_is_stopped_when_python_exits():
     """A notebook cell that raises after ``LocalSlurm().start()`` skips ``stop()``: the
     interpreter's exit (the kernel's shutdown) still stops every daemon."""
-    reason = slurm_missing_reason()
-    if reason:
-        pytest.skip(reason)
+    _require_slurm()
     prog = ("import json, sys\n"
             "from chexnet_utils.slurm_local import LocalSlurm\n"
             "s = LocalSlurm().start()\n"
@@ -95,23 +178,36 @@ def test_local_slurm_an_error_leaves_running_is_stopped_when_python_exits():
     assert not Path(started["state"]).exists()
 
 
-def test_make_slurm_up_status_down_by_hand():
+def test_a_killed_kernel_leaves_no_slurm_daemon(tmp_path):
+    """SIGKILL (the out-of-memory killer) skips every atexit: the daemons carry the Slurm's
+    lifeline token and its watchdog stops them when the process that started them dies."""
+    _require_slurm()
+    prog = ("import json, os, signal\n"
+            "from chexnet_utils.slurm_local import LocalSlurm\n"
+            f"s = LocalSlurm({str(tmp_path / 'slurm')!r}).start()\n"
+            "print(json.dumps(s.processes()), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == -9, out.stderr
+    pids = json.loads(out.stdout.splitlines()[-1])
+    assert len(pids) >= 3 and wait_pids_gone(pids, 15) == []
+
+
+def test_make_slurm_up_status_down_by_hand(tmp_path):
     """``make slurm SLURM_ARGS=up|status|down``: ``up`` returns with the daemons running (they
-    outlive the command), ``status`` finds them, ``down`` stops every one of them. (The state
-    folder is a temporary one under /tmp, as LocalSlurm's own default: munged wants every
-    folder above its socket traversable, which pytest's 0700 tmp_path is not.)"""
-    reason = slurm_missing_reason()
-    if reason:
-        pytest.skip(reason)
+    outlive the command) and says who can reach them, ``status`` finds them, ``down`` stops
+    every one of them."""
+    _require_slurm()
     cmd = [sys.executable, "-m", "chexnet_utils.slurm_local"]
-    base = Path(tempfile.mkdtemp(prefix="chexnet-slurm-up-"))
-    base.chmod(0o755)
+    base = tmp_path
     state, pids = base / "slurm", []
     try:
         up = subprocess.run([*cmd, "up", "--dir", str(state)], capture_output=True, text=True,
                             timeout=120)
         assert up.returncode == 0, up.stderr
         assert f"export SLURM_CONF={state / 'slurm.conf'}" in up.stdout
+        assert f"Who can reach it: slurmctld and slurmd run as {invoking_user()}" in up.stdout
         pids = LocalSlurm.attach(state).processes()
         assert len(pids) >= 3 and alive(pids) == pids      # still running after `up` exited
         status = subprocess.run([*cmd, "status", "--dir", str(state)], capture_output=True,
@@ -122,7 +218,6 @@ def test_make_slurm_up_status_down_by_hand():
                               text=True, timeout=120)
         again = subprocess.run([*cmd, "status", "--dir", str(state)], capture_output=True,
                                text=True, timeout=60)
-        shutil.rmtree(base, ignore_errors=True)
     assert down.returncode == 0 and "no Slurm process left" in down.stdout, down.stderr
     assert alive(pids) == []
     assert again.returncode == 1 and "no Slurm started" in again.stderr

@@ -1,6 +1,9 @@
 """ipyparallel MPI cluster options, without starting a cluster: mpiexec's arguments. The
 clusters started and torn down from Python are in tests/mpi/test_cluster.py."""
 
+import subprocess
+
+import psutil
 import pytest
 
 from chexnet_utils.distributed import MPICluster
@@ -63,3 +66,46 @@ def test_controllers_refuse_to_listen_on_every_interface(ip: str) -> None:
     with pytest.raises(ValueError, match="every interface"):
         RemoteEngines(ip, n=1)
     assert MPICluster(n=1, controller_ip="10.77.0.1").curve   # a named interface: encrypted
+
+
+# --- pids held as process handles (#30 item 5) -------------------------------------------------
+
+def _reused_pid_handle() -> tuple[subprocess.Popen, psutil.Process]:
+    """A running process, and a handle with its pid that was captured from an *earlier*
+    process of that pid (its start time differs): what a stored pid turns into after reuse."""
+    bystander = subprocess.Popen(["sleep", "60"])
+    handle = psutil.Process(bystander.pid)
+    earlier = handle.create_time() - 1000.0                # the earlier process's start
+    handle._create_time, handle._ident = earlier, (bystander.pid, earlier)  # noqa: SLF001
+    return bystander, handle
+
+
+def test_mpicluster_stop_never_signals_a_process_that_reused_a_tracked_pid():
+    bystander, handle = _reused_pid_handle()
+    try:
+        cluster = MPICluster(n=1, stop_timeout=0.3)
+        cluster._tracked = {bystander.pid: handle}
+        cluster.stop()
+        assert bystander.poll() is None       # still running: not ours any more
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_remote_engines_signal_only_what_they_captured_on_this_machine(monkeypatch):
+    from chexnet_utils import remote_engines
+
+    bystander, handle = _reused_pid_handle()
+    try:
+        rc = remote_engines.RemoteEngines("10.0.0.5", n=1)
+        monkeypatch.setattr(remote_engines, "boot_id", lambda: "this-host")
+        rc._capture_local([("other-host", bystander.pid)])   # an engine elsewhere, same pid
+        assert rc._local == []
+        rc._capture_local([("this-host", bystander.pid)])
+        assert [p.pid for p in rc._local] == [bystander.pid]
+        rc._local = [handle]                                  # ... later reused
+        assert rc.stop(timeout=0.3) == []
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()

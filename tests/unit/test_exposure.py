@@ -29,6 +29,7 @@ def test_refuses_on_a_shared_host_and_says_how_to_opt_in(monkeypatch):
     message = str(e.value)
     assert "refusing to start the tf.data service" in message
     assert f"{OTHER_UID} (3 processes)" in message and "CHEXNET_ALLOW_SHARED_HOST=1" in message
+    assert "make lab PRIVATE=1" in message
     monkeypatch.setenv(exposure.ALLOW_ENV, "1")
     assert "started anyway" in require_private_network("tf.data service")
 
@@ -81,3 +82,50 @@ def test_mwms_server_refuses_before_tensorflow_starts_it(other_account_process, 
     with pytest.raises(SharedHostError, match="MultiWorkerMirroredStrategy server"):
         steptimer.mwms_setup_on_engine([12345, 12346])
     assert "TF_CONFIG" not in os.environ and not steptimer._MWMS
+
+
+def test_a_namespace_of_its_own_is_seen_even_where_pid_1_is_hidden(monkeypatch):
+    """Sandboxes (and every non-root account) may not read pid 1's namespace: a process
+    whose namespace differs from an ancestor's is in one of its own; one that shares its
+    ancestors' namespace is not."""
+    spaces = {"self": "net:[2]", 1: OSError, 10: "net:[1]", 11: "net:[2]"}
+
+    def read(pid):
+        if spaces.get(pid) is OSError:
+            raise PermissionError(13, "Permission denied")
+        return spaces[pid]
+
+    monkeypatch.setattr(exposure, "_net_namespace", read)
+    monkeypatch.setattr(exposure.os, "getppid", lambda: 11)
+    monkeypatch.setattr(exposure, "_parent", {11: 10, 10: 1}.__getitem__)
+    real_read_text = exposure.Path.read_text
+    monkeypatch.setattr(exposure.Path, "read_text", lambda self, *a, **k: (
+        "0 0 4294967295\n" if str(self) == "/proc/self/uid_map" else real_read_text(self, *a, **k)))
+    assert exposure.in_private_network_namespace()          # 11 in net:[2], 10 in net:[1]
+    spaces[10] = "net:[2]"
+    assert not exposure.in_private_network_namespace()      # all the way up: the same one
+
+
+def test_the_private_network_command_needs_root_only_for_nothing(monkeypatch):
+    monkeypatch.setattr(exposure.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(exposure.os, "geteuid", lambda: 1000)
+    cmd = exposure.private_network_command(["make", "lab"])
+    assert cmd[:5] == ["/usr/bin/unshare", "--user", "--map-root-user", "--net", "--"]
+    assert cmd[6:] == ["-m", "chexnet_utils.exposure", "inside", "--", "make", "lab"]
+    monkeypatch.setattr(exposure.os, "geteuid", lambda: 0)
+    assert exposure.private_network_command(["true"])[:3] == ["/usr/bin/unshare", "--net", "--"]
+
+
+def test_without_user_namespaces_the_private_command_says_why_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(exposure.shutil, "which", lambda name: f"/usr/bin/{name}")
+    refused = subprocess.CompletedProcess([], 1, "", "unshare: unshare failed: Operation not "
+                                                     "permitted\n")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: refused)
+    monkeypatch.setattr(exposure.os, "execv", lambda *a: pytest.fail("ran without a namespace"))
+    assert exposure.main(["private", "--", "make", "lab"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no private network namespace: unshare: unshare failed: "
+                          "Operation not permitted: this host does not let your account make "
+                          "one (unprivileged user namespaces off") and err.count("\n") == 1
+    assert exposure.main(["private", "make"]) == 2
+    assert "usage: python -m chexnet_utils.exposure private -- COMMAND" in capsys.readouterr().err
