@@ -48,13 +48,12 @@ def layer_of(path: Path) -> str | None:
 
 
 XDIST_GROUPS: dict[str, tuple[str, ...]] = {
-    # A real process of another account (test_exposure) makes every unauthenticated server
-    # refuse to start (the exposure gate): the tf.data service and MWMS tests must not run
-    # while it is alive.
-    "one-account-host": ("unit/test_exposure.py", "mpi/test_tfdata_service.py",
-                         "mpi/test_comm.py"),
-    # One machine, one Slurm: the session's munged/slurmctld/slurmd and make slurm's own.
-    "slurm": ("mpi/test_slurm.py",),
+    # Tests that run a process as another account (uid 4242: the exposure gate's refusal, the
+    # private network namespace, the Slurm credential check) and the tests whose servers the
+    # exposure gate refuses to start while such a process is alive (tf.data service, MWMS);
+    # with them the one-machine Slurm (one per machine: the session's daemons).
+    "other-accounts": ("unit/test_exposure.py", "mpi/test_private_network.py",
+                       "mpi/test_slurm.py", "mpi/test_tfdata_service.py", "mpi/test_comm.py"),
     # Network namespaces, veth links and shaped links: the link figures are measured.
     "netns": ("mpi/test_two_nodes.py", "mpi/test_remote_engines.py"),
 }
