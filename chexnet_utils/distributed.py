@@ -370,6 +370,23 @@ class MPICluster:
             args += ["--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
         return args + self.mpi_args
 
+    def ipyparallel_config(self, cfg: object, extra_env: Mapping[str, str] | None = None
+                           ) -> dict[str, object]:
+        """Put this cluster's launcher settings into ``cfg`` (a traitlets ``Config``) and
+        return the ``ipyparallel.Cluster`` settings (engine launcher, ``n``, controller
+        address, engine timeout): what :meth:`start` passes, and what the JupyterLab
+        sidebar's ``chexnet-mpi`` profile uses (:func:`configure_mpi_profile`). The
+        controller and engines get :meth:`env_overrides` plus ``extra_env``."""
+        env = {**self.env_overrides(), **(extra_env or {})}
+        cfg.LocalControllerLauncher.environment = {  # type: ignore[attr-defined]
+            **env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
+        settings: dict[str, object] = {
+            "engine_launcher_class": self._engine_launcher(cfg, env), "n": self.n,
+            "controller_ip": self.controller_ip, "engine_timeout": int(self.engine_timeout)}
+        if self.location:
+            settings["controller_location"] = self.location
+        return settings
+
     def _engine_launcher(self, cfg: object, env: Mapping[str, str]) -> str:
         """Configure the engines' launcher in ``cfg`` (a traitlets ``Config``); return its
         ipyparallel name. Here ``mpiexec`` on this machine; subclasses start engines
@@ -400,17 +417,11 @@ class MPICluster:
 
         self.lifeline = f"ipp-{os.getpid()}-{secrets.token_hex(4)}"
         self._watchdog = start_watchdog(os.getpid(), self.lifeline)
-        env = {**self.env_overrides(),
-               LIFELINE_ENV: ",".join([*lifeline_tokens(), self.lifeline])}
-        cfg.LocalControllerLauncher.environment = {
-            **env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
         try:
-            self.cluster = ipp.Cluster(
-                engines=self._engine_launcher(cfg, env), n=self.n,
-                profile_dir=self._profile_dir, config=cfg,
-                controller_ip=self.controller_ip, engine_timeout=int(self.engine_timeout),
-                shutdown_atexit=True, log_level=40,
-                **({"controller_location": self.location} if self.location else {}))
+            settings = self.ipyparallel_config(
+                cfg, {LIFELINE_ENV: ",".join([*lifeline_tokens(), self.lifeline])})
+            self.cluster = ipp.Cluster(profile_dir=self._profile_dir, config=cfg,
+                                       shutdown_atexit=True, log_level=40, **settings)
             self.client = self.cluster.start_and_connect_sync()
             settle_on_sigint(self.client, self._after_interrupt)
             self._secure_connection_files()
@@ -676,3 +687,4 @@ class MPICluster:
             except Exception:
                 pass
             raise
+
