@@ -387,6 +387,10 @@ class MPICluster:
             settings["controller_location"] = self.location
         return settings
 
+    def _before_engines(self) -> None:
+        """Called in :meth:`start` once the ipyparallel cluster object exists, before any
+        process is started (subclasses tell the watchdog what else to clean up)."""
+
     def _engine_launcher(self, cfg: object, env: Mapping[str, str]) -> str:
         """Configure the engines' launcher in ``cfg`` (a traitlets ``Config``); return its
         ipyparallel name. Here ``mpiexec`` on this machine; subclasses start engines
@@ -422,6 +426,7 @@ class MPICluster:
                 cfg, {LIFELINE_ENV: ",".join([*lifeline_tokens(), self.lifeline])})
             self.cluster = ipp.Cluster(profile_dir=self._profile_dir, config=cfg,
                                        shutdown_atexit=True, log_level=40, **settings)
+            self._before_engines()
             self.client = self.cluster.start_and_connect_sync()
             settle_on_sigint(self.client, self._after_interrupt)
             self._secure_connection_files()
