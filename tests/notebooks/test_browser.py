@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from urllib.parse import quote
 
 import pytest
 
@@ -149,24 +148,53 @@ def _shut_down_kernels(lab: LabServer, path: str) -> None:
             lab.request(f"/api/sessions/{session['id']}", method="DELETE")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("notebook", NOTEBOOKS[1:], ids=lambda p: p.name)
-def test_notebook_renders_title_with_project_kernel(lab, browser, shots, notebook):
-    """(Notebook 00 is opened, checked the same way and run by test_learner_session.py.)"""
+@pytest.fixture(scope="module")
+def lab_page(lab, browser):  # noqa: ANN001, ANN201
+    """One JupyterLab page for every notebook: the application loads once (6-8 s each on a
+    busy 2-core machine), and each test opens its notebook from the file browser, as a
+    learner does, then closes its tab (which shuts its kernel down under ``make lab``)."""
     from playwright.sync_api import expect
 
-    title = notebook_title(notebook)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     try:
-        # A workspace per notebook: each page opens this notebook only.
-        page.goto(lab.url(f"/lab/workspaces/t{notebook.name[:2]}/tree/{quote(notebook.name)}"))
-        heading = page.locator(".jp-NotebookPanel .jp-RenderedMarkdown h1").first
+        page.goto(lab.url("/lab/workspaces/browser-check"))
+        expect(page.locator(".jp-DirListing-item", has_text=NOTEBOOKS[-1].name)).to_be_visible(
+            timeout=TIMEOUT_MS)
+        yield page
+    finally:
+        context.close()
+
+
+def _close_current_tab(page) -> None:  # noqa: ANN001
+    """Close the notebook's tab; "Discard" if JupyterLab asks to save (the kernel adds its
+    language_info to the notebook's metadata)."""
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabCloseIcon").click()
+    deadline = time.monotonic() + 15
+    while page.locator(".jp-NotebookPanel:visible").count() and time.monotonic() < deadline:
+        discard = page.locator(".jp-Dialog button", has_text="Discard")
+        if discard.count():
+            discard.click()
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS[1:], ids=lambda p: p.name)
+def test_notebook_renders_title_with_project_kernel(lab, lab_page, shots, notebook):
+    """(Notebook 00 is opened, checked the same way and run by test_learner_session.py.)"""
+    from playwright.sync_api import expect
+
+    title = notebook_title(notebook)
+    page = lab_page
+    try:
+        page.locator(".jp-DirListing-item", has_text=notebook.name).dblclick()
+        panel = page.locator(".jp-NotebookPanel:visible")
+        heading = panel.locator(".jp-RenderedMarkdown h1").first
         # The rendered text, less the heading's anchor link (a hidden "¶").
         expect(heading).to_have_text(re.compile(rf"^\s*{re.escape(title)}\s*¶?\s*$"),
                                      timeout=TIMEOUT_MS)
-        expect(page.locator(".jp-NotebookPanel-toolbar .jp-KernelName")).to_have_text(
+        expect(panel.locator(".jp-NotebookPanel-toolbar .jp-KernelName")).to_have_text(
             PROJECT_KERNEL_DISPLAY, timeout=TIMEOUT_MS)
         expect(page.locator('.jp-SideBar .lm-TabBar-tab[title="IPython Parallel"]')).to_have_count(1)
         deadline = time.monotonic() + TIMEOUT_MS / 1000
@@ -184,5 +212,5 @@ def test_notebook_renders_title_with_project_kernel(lab, browser, shots, noteboo
         except Exception as e:  # a missing screenshot must not hide the real failure
             print(f"screenshot of {notebook.name} failed: {e}")
         finally:
-            context.close()
+            _close_current_tab(page)
             _shut_down_kernels(lab, notebook.name)
