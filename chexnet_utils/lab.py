@@ -382,8 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             del args[i:i + 2]
             break
     cmd = [sys.executable, "-m", "jupyter", "lab", *lab_args(root), *args]
-    print(f"IPython Parallel sidebar: profile {MPI_PROFILE!r} in {install_mpi_profile()}; "
-          f"closing a notebook shuts its kernel down ({install_lab_overrides()})", flush=True)
+    for what, install in (("IPython Parallel sidebar: profile " + repr(MPI_PROFILE),
+                           install_mpi_profile),
+                          ("closing a notebook shuts its kernel down", install_lab_overrides)):
+        try:
+            print(f"{what} ({install()})", flush=True)
+        except OSError as e:  # a read-only environment or home: the lab runs without it
+            print(f"warning: {what}: not installed ({e})", file=sys.stderr, flush=True)
     print("+", " ".join(cmd), flush=True)
     with command_lifetime():
         server = None

@@ -96,6 +96,26 @@ def test_make_lab_is_loopback_with_only_the_project_kernel(monkeypatch, capsys, 
     assert (tmp_path / "prefix/share/jupyter/lab/settings/overrides.json").exists()
 
 
+def test_make_lab_runs_without_its_defaults_where_it_cannot_write_them(monkeypatch, capsys,
+                                                                         tmp_path):
+    def read_only(*args):  # noqa: ANN002, ANN202
+        raise PermissionError(13, "Permission denied", "/usr/share/jupyter/lab/settings")
+
+    class FakeServer:
+        def wait(self, timeout=None):  # noqa: ANN001, ANN202
+            return 0
+
+    real_popen = lab_module.subprocess.Popen
+    monkeypatch.setattr(lab_module, "install_lab_overrides", read_only)
+    monkeypatch.setattr(lab_module, "install_mpi_profile", read_only)
+    monkeypatch.setattr(lab_module.subprocess, "Popen", lambda argv, **kw: real_popen(argv, **kw)
+                        if "chexnet_utils.processes" in argv else FakeServer())
+    assert main(["--notebook-dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "closing a notebook shuts its kernel down: not installed" in err
+    assert f"profile '{MPI_PROFILE}': not installed" in err
+
+
 def test_lab_defaults_are_merged_into_the_environment_s_overrides(tmp_path):
     settings = tmp_path / "share/jupyter/lab/settings/overrides.json"
     settings.parent.mkdir(parents=True)
