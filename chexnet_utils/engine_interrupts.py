@@ -13,7 +13,11 @@ call that was waiting:
   ends a request with an error *aborts* the requests already queued behind it
   (ipykernel 7 ``kernelbase.py``, ``_abort_queues``): the learner's next ``%%px`` cell,
   sent in that moment, comes back ``TaskAborted`` and prints nothing, silently.
+* ``view.apply_sync(f)`` / ``view.execute(code, block=True)``: the ``KeyboardInterrupt`` is
+  swallowed and the ``AsyncResult`` returned as if the call had been asynchronous
+  (``DirectView._really_apply``: ``except KeyboardInterrupt: pass``); the engines go on.
 * ``AsyncResult.get()`` / ``wait_interactive()``: the wait ends; the engines go on running.
+  In both cases ``MPICluster.interrupt()`` stops them.
 
 :func:`settle_on_sigint` makes every SIGINT sent through a client wait until the tasks it
 interrupted have ended (:func:`wait_for_tasks`, bounded), so the next cell finds the engines
