@@ -15,7 +15,8 @@ call that was waiting:
   sent in that moment, comes back ``TaskAborted`` and prints nothing, silently.
 * ``view.apply_sync(f)`` / ``view.execute(code, block=True)``: the ``KeyboardInterrupt`` is
   swallowed and the ``AsyncResult`` returned as if the call had been asynchronous
-  (``DirectView._really_apply``: ``except KeyboardInterrupt: pass``); the engines go on.
+  (``DirectView._really_apply`` and ``BroadcastView._really_apply``: ``except
+  KeyboardInterrupt: pass``); the engines go on.
 * ``AsyncResult.get()`` / ``wait_interactive()``: the wait ends; the engines go on running.
   In both cases ``MPICluster.interrupt()`` stops them.
 
