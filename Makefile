@@ -23,7 +23,7 @@ help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
 	@echo "make test       set up, run tests/ on 2 parallel workers, then every notebook under nbval alone"
 	@echo "make lab        set up and start JupyterLab with the project kernel (PRIVATE=1: in a network namespace of your own)"
-	@echo "make browser-check  open every notebook in headless Chromium -> $(BUILD)/browser/*.png"
+	@echo "make browser-check  every notebook in headless Chromium, a learner's session (run, interrupt, restart, sidebar) -> $(BUILD)/browser/*.png"
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
 	@echo "make bench      conversion, old vs new pipeline, tf.data service, Horovod scaling -> $(BUILD)/bench-*.json"
@@ -117,9 +117,13 @@ else
 endif
 
 # The same JupyterLab headless; Chromium opens each notebook, checks its title and kernel,
-# and saves build/browser/NN_*.png (also part of `make test`).
+# and saves build/browser/NN_*.png; then a learner's session: notebook 00 run with Run All,
+# a scratch notebook's MPI cluster and %%px cells, Interrupt, Kernel > Restart, the tab
+# closed, a cluster from the IPython Parallel sidebar, the browser closed, each checked for
+# leftover processes by pid (build/browser/learner-*.png). Also part of `make test`.
 browser-check: setup
-	CHEXNET_BROWSER_SHOTS="$(BUILD)/browser" "$(PY)" -m pytest tests/notebooks/test_browser.py $(PYTEST_ARGS)
+	CHEXNET_BROWSER_SHOTS="$(BUILD)/browser" "$(PY)" -m pytest tests/notebooks/test_browser.py \
+	  tests/notebooks/test_learner_session.py $(PYTEST_ARGS)
 
 # The README's commands on a bare Debian 12 (debootstrap minbase + python3 make git
 # ca-certificates): make setup and notebook 00 in a chroot of this commit, then everything

@@ -295,6 +295,15 @@ class MPICluster:
       process, and every process of the cluster carries the cluster's token in
       ``CHEXNET_LIFELINE``; when this process dies the watchdog stops them all (SIGTERM,
       then SIGKILL), whoever their parent is by then.
+    * **Interrupt** (the stop button) during a ``%%px`` cell or :meth:`run`: every SIGINT
+      sent to the engines (``%%px`` sends one, :meth:`run` calls :meth:`interrupt`) waits
+      until the interrupted tasks have ended, up to ``interrupt_timeout`` seconds, and says
+      so in one line, so the next cell finds the engines idle (without the wait, ipykernel
+      aborts it: :mod:`chexnet_utils.engine_interrupts`). An engine still busy then (in a
+      call that ignores SIGINT: an MPI or Horovod collective waiting for a rank that was
+      interrupted) cannot be saved, the MPI job is lost: the cluster is stopped, its
+      processes gone, and the line says to start a new one. A second interrupt during the
+      wait stops it at once.
     """
 
     def __init__(self, n: int = 2, *, map_by: str | None = None,
@@ -303,7 +312,7 @@ class MPICluster:
                  controller_ip: str = "127.0.0.1", location: str | None = None,
                  engine_timeout: float = 60, stop_timeout: float = 10,
                  env: Mapping[str, str] | None = None, oversubscribe: bool | None = None,
-                 curve: bool | None = None) -> None:
+                 curve: bool | None = None, interrupt_timeout: float = 10) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         check_listen_address(controller_ip)
@@ -313,6 +322,9 @@ class MPICluster:
         self.controller_ip, self.location = controller_ip, location
         self.curve = not controller_ip.startswith("127.") if curve is None else curve
         self.engine_timeout, self.stop_timeout = engine_timeout, stop_timeout
+        self.interrupt_timeout = interrupt_timeout
+        self.last_interrupt: str | None = None
+        """What the last interrupt did (the line it printed), ``None`` before one."""
         self.env = dict(env or {})
         from chexnet_utils.devices import usable_cores
 
@@ -361,6 +373,27 @@ class MPICluster:
             args += ["--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
         return args + self.mpi_args
 
+    def ipyparallel_config(self, cfg: object, extra_env: Mapping[str, str] | None = None
+                           ) -> dict[str, object]:
+        """Put this cluster's launcher settings into ``cfg`` (a traitlets ``Config``) and
+        return the ``ipyparallel.Cluster`` settings (engine launcher, ``n``, controller
+        address, engine timeout): what :meth:`start` passes, and what the JupyterLab
+        sidebar's ``chexnet-mpi`` profile uses (:func:`configure_mpi_profile`). The
+        controller and engines get :meth:`env_overrides` plus ``extra_env``."""
+        env = {**self.env_overrides(), **(extra_env or {})}
+        cfg.LocalControllerLauncher.environment = {  # type: ignore[attr-defined]
+            **env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
+        settings: dict[str, object] = {
+            "engine_launcher_class": self._engine_launcher(cfg, env), "n": self.n,
+            "controller_ip": self.controller_ip, "engine_timeout": int(self.engine_timeout)}
+        if self.location:
+            settings["controller_location"] = self.location
+        return settings
+
+    def _before_engines(self) -> None:
+        """Called in :meth:`start` once the ipyparallel cluster object exists, before any
+        process is started (subclasses tell the watchdog what else to clean up)."""
+
     def _engine_launcher(self, cfg: object, env: Mapping[str, str]) -> str:
         """Configure the engines' launcher in ``cfg`` (a traitlets ``Config``); return its
         ipyparallel name. Here ``mpiexec`` on this machine; subclasses start engines
@@ -377,6 +410,8 @@ class MPICluster:
         import ipyparallel as ipp
         from traitlets.config import Config
 
+        from chexnet_utils.engine_interrupts import settle_on_sigint
+
         if self.cluster is not None:
             raise RuntimeError("cluster already started")
         t0 = time.perf_counter()
@@ -389,18 +424,14 @@ class MPICluster:
 
         self.lifeline = f"ipp-{os.getpid()}-{secrets.token_hex(4)}"
         self._watchdog = start_watchdog(os.getpid(), self.lifeline)
-        env = {**self.env_overrides(),
-               LIFELINE_ENV: ",".join([*lifeline_tokens(), self.lifeline])}
-        cfg.LocalControllerLauncher.environment = {
-            **env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
         try:
-            self.cluster = ipp.Cluster(
-                engines=self._engine_launcher(cfg, env), n=self.n,
-                profile_dir=self._profile_dir, config=cfg,
-                controller_ip=self.controller_ip, engine_timeout=int(self.engine_timeout),
-                shutdown_atexit=True, log_level=40,
-                **({"controller_location": self.location} if self.location else {}))
+            settings = self.ipyparallel_config(
+                cfg, {LIFELINE_ENV: ",".join([*lifeline_tokens(), self.lifeline])})
+            self.cluster = ipp.Cluster(profile_dir=self._profile_dir, config=cfg,
+                                       shutdown_atexit=True, log_level=40, **settings)
+            self._before_engines()
             self.client = self.cluster.start_and_connect_sync()
+            settle_on_sigint(self.client, self._after_interrupt)
             self._secure_connection_files()
             # cloudpickle: functions and closures defined in a notebook travel by value
             self.client[:].use_cloudpickle()
@@ -414,6 +445,54 @@ class MPICluster:
             raise
         self.start_seconds = time.perf_counter() - t0
         return self
+
+    def busy_engines(self) -> list[int]:
+        """Ids (= MPI ranks) of the engines running (or queued) a task of this client."""
+        from chexnet_utils.engine_interrupts import pending_tasks
+
+        return sorted(pending_tasks(self.client))
+
+    def interrupt(self) -> str:
+        """Send SIGINT to the engines that are running something, as the stop button does
+        for a ``%%px`` cell, and wait until their tasks have ended (see the class notes).
+        Returns the line it printed."""
+        import signal
+
+        if self.client is None:
+            return "the cluster is not running: nothing to interrupt"
+        busy = self.busy_engines()
+        if not busy:
+            self.last_interrupt = "no engine was busy: nothing to interrupt"
+            return self.last_interrupt
+        self.client.send_signal(signal.SIGINT, targets=busy, block=True)
+        return self.last_interrupt or ""
+
+    def _after_interrupt(self) -> None:
+        """Wait up to ``interrupt_timeout`` s for the interrupted tasks; stop the cluster if
+        an engine is still busy then (or on a second interrupt). Prints what happened."""
+        from chexnet_utils.engine_interrupts import wait_for_tasks
+
+        settled = wait_for_tasks(self.client, self.interrupt_timeout)
+        ranks = ", ".join(map(str, settled.busy)) or "(none)"
+        if settled.done:
+            self._say(f"interrupted: engine(s) {ranks} stopped their task within "
+                      f"{settled.seconds:.1f} s (KeyboardInterrupt there); the cluster is "
+                      "ready for the next cell")
+            return
+        why = "interrupted again while waiting for them" if settled.interrupted_again else (
+            f"still busy {self.interrupt_timeout:.0f} s after the interrupt (a call that "
+            "ignores SIGINT, e.g. an MPI or Horovod collective waiting for a rank that stopped)")
+        n = self.n
+        self.stop()
+        self._say(f"interrupted: engine(s) {', '.join(map(str, settled.still_busy))} {why}; "
+                  "the MPI job cannot go on, so the cluster was stopped and all its processes "
+                  f"are gone. Start a new one to go on: cluster = MPICluster(n={n}).start()")
+
+    def _say(self, line: str) -> None:
+        import sys
+
+        self.last_interrupt = line
+        print(f"[MPICluster] {line}", file=sys.stderr, flush=True)
 
     def _secure_connection_files(self) -> None:
         assert self._profile_dir is not None
@@ -612,7 +691,10 @@ class MPICluster:
                 raise
         except KeyboardInterrupt:
             try:
-                ar.abort()
+                ar.abort()  # tasks not started yet
+                if not ar.ready():
+                    self.interrupt()  # the running ones: SIGINT, wait, or stop the cluster
             except Exception:
                 pass
             raise
+

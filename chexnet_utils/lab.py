@@ -7,6 +7,20 @@ falls back to the one Python kernel it is offered, so each notebook opens on the
 kernel without a dialog. ipyparallel's JupyterLab extension (the "IPython Parallel" sidebar)
 and its server extension come with the ipyparallel wheel; setup checks they are enabled.
 
+What a learner leaves behind is bounded (issue 27):
+
+* the sidebar offers the **``chexnet-mpi``** profile (:data:`MPI_PROFILE`, written into the
+  IPython folder by :func:`install_mpi_profile`): its clusters are MPI engines under one
+  ``mpiexec``, set up as :class:`~chexnet_utils.distributed.MPICluster` sets up its own
+  (:func:`configure_mpi_profile`), ready for Horovod;
+* closing a notebook's tab in JupyterLab shuts its kernel down, and with it the clusters
+  and services the kernel started (:data:`LAB_OVERRIDES`, JupyterLab's ``kernelShutdown``
+  setting, off by default, installed as an application default by
+  :func:`install_lab_overrides`);
+* a kernel that no browser tab is connected to any more (the browser was closed) is shut
+  down after :data:`CULL_IDLE_S` idle seconds (Jupyter Server's kernel culling; a busy
+  kernel, one running a cell, is left alone).
+
 :class:`LabServer` starts the same server headless for tests: a free loopback port, a random
 token handed over in the environment (``JUPYTER_TOKEN``: never on a command line, which every
 account can read in ``ps``; a process's environment only its owner can), its own runtime,
@@ -41,19 +55,33 @@ PROJECT_KERNEL = "chexnet-at-scale"
 PROJECT_KERNEL_DISPLAY = "Python (chexnet-at-scale)"
 """Its display name, as the kernel selector shows it."""
 LOOPBACK = "127.0.0.1"
+MPI_PROFILE = "chexnet-mpi"
+"""The ipyparallel profile the IPython Parallel sidebar offers for Horovod-ready MPI engines."""
+SIDEBAR_ENGINES = 2
+"""Engines of a ``chexnet-mpi`` cluster unless the sidebar's "+ NEW" dialog asks otherwise."""
+LAB_OVERRIDES = {"@jupyterlab/notebook-extension:tracker": {"kernelShutdown": True}}
+"""JupyterLab settings this project changes: closing a notebook shuts its kernel down."""
+CULL_IDLE_S = 3600
+"""A kernel idle this long with no browser tab connected is shut down (``make lab``)."""
+CULL_INTERVAL_S = 60
 
 
 def lab_args(root_dir: str | os.PathLike[str], *, kernel: str = PROJECT_KERNEL,
-             ip: str = LOOPBACK) -> list[str]:
+             ip: str = LOOPBACK, cull_idle_s: float = CULL_IDLE_S,
+             cull_interval_s: float = CULL_INTERVAL_S) -> list[str]:
     """Arguments after ``jupyter lab`` that ``make lab`` and :class:`LabServer` share.
 
     Only ``kernel`` is offered and it is the default, so notebooks saved with another
-    Python kernel open on it. As root (containers, CI) ``--allow-root`` is added, which
-    Jupyter Server otherwise refuses.
+    Python kernel open on it. A kernel idle for ``cull_idle_s`` seconds with no browser
+    connected is shut down, checked every ``cull_interval_s`` (Jupyter Server's
+    ``MappingKernelManager.cull_idle_timeout``; busy kernels are not culled). As root
+    (containers, CI) ``--allow-root`` is added, which Jupyter Server otherwise refuses.
     """
     args = [f"--ip={ip}", f"--ServerApp.root_dir={os.fspath(root_dir)}",
             f"--KernelSpecManager.allowed_kernelspecs={kernel}",
-            f"--MappingKernelManager.default_kernel_name={kernel}"]
+            f"--MappingKernelManager.default_kernel_name={kernel}",
+            f"--MappingKernelManager.cull_idle_timeout={cull_idle_s:g}",
+            f"--MappingKernelManager.cull_interval={cull_interval_s:g}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         args.append("--allow-root")
     return args
@@ -99,6 +127,64 @@ def notebook_title(path: str | os.PathLike[str]) -> str:
     raise ValueError(f"{path}: no markdown cell")
 
 
+def configure_mpi_profile(c: object, n: int = SIDEBAR_ENGINES) -> None:
+    """Fill an ``ipcluster_config.py``'s ``c`` (``get_config()``) so that a cluster of this
+    profile, started from the IPython Parallel sidebar (or ``ipcluster start --profile
+    chexnet-mpi``), is what ``MPICluster(n)`` starts
+    (:meth:`~chexnet_utils.distributed.MPICluster.ipyparallel_config`): MPI engines under one
+    ``mpiexec``, so Horovod finds its peers; unbound, as ``horovodrun`` leaves them; shared
+    memory between ranks; the controller on loopback; as root, Open MPI's allow-root
+    switches; a thread budget for ``n`` engines. ``--oversubscribe`` is always passed: the
+    sidebar's dialog may ask for more engines than there are cores."""
+    from chexnet_utils.distributed import MPICluster
+
+    settings = MPICluster(n=n, oversubscribe=True).ipyparallel_config(c)
+    for name, value in settings.items():
+        setattr(c.Cluster, name, value)  # type: ignore[attr-defined]
+
+
+PROFILE_CONFIG = f'''"""ipyparallel profile "{MPI_PROFILE}": MPI engines ready for Horovod, as MPICluster starts them.
+
+Written by chexnet_utils.lab (make lab) and rewritten there: edit the package, not this file.
+Start it from JupyterLab's IPython Parallel sidebar, or: ipcluster start --profile {MPI_PROFILE}
+"""
+from chexnet_utils.lab import configure_mpi_profile
+
+configure_mpi_profile(get_config())  # noqa: F821 (given by the config loader)
+'''
+
+
+def install_mpi_profile(ipython_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Write the ``chexnet-mpi`` profile (:data:`PROFILE_CONFIG`) into ``ipython_dir``
+    (default: IPython's, ``$IPYTHONDIR`` or ``~/.ipython``); return its folder. The sidebar
+    lists every ``profile_*`` folder there."""
+    if ipython_dir is None:
+        from IPython.paths import get_ipython_dir
+
+        ipython_dir = get_ipython_dir()
+    folder = Path(ipython_dir) / f"profile_{MPI_PROFILE}"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "ipcluster_config.py"
+    if not config.exists() or config.read_text(encoding="utf-8") != PROFILE_CONFIG:
+        config.write_text(PROFILE_CONFIG, encoding="utf-8")
+    return folder
+
+
+def install_lab_overrides(prefix: str | os.PathLike[str] = sys.prefix) -> Path:
+    """Merge :data:`LAB_OVERRIDES` into JupyterLab's application defaults of this
+    environment (``<prefix>/share/jupyter/lab/settings/overrides.json``, read by every
+    JupyterLab run from it); a learner's own settings still win. Returns the file."""
+    path = Path(prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    current: dict[str, dict[str, object]] = {}
+    if path.exists():
+        current = json.loads(path.read_text(encoding="utf-8") or "{}")
+    merged = {**current, **{k: {**current.get(k, {}), **v} for k, v in LAB_OVERRIDES.items()}}
+    if merged != current or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
 def free_port(host: str = LOOPBACK) -> int:
     """A TCP port that was free on ``host`` a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -111,13 +197,18 @@ class LabServer:
 
     ``root_dir`` is served as is; pass a temporary copy of the notebooks so that nothing a
     browser does (kernel metadata, autosave, checkpoints) reaches the committed files.
-    All of Jupyter's own state goes to a private temporary folder, removed by :meth:`stop`.
+    All of Jupyter's own state goes to a private temporary folder, removed by :meth:`stop`;
+    its IPython folder holds the ``chexnet-mpi`` profile. ``cull_idle_s`` / ``cull_interval_s``:
+    see :func:`lab_args`.
     """
 
     def __init__(self, root_dir: str | os.PathLike[str], *, kernel: str = PROJECT_KERNEL,
-                 startup_timeout: float = 90.0, python: str = sys.executable) -> None:
+                 startup_timeout: float = 90.0, python: str = sys.executable,
+                 cull_idle_s: float = CULL_IDLE_S, cull_interval_s: float = CULL_INTERVAL_S
+                 ) -> None:
         self.root_dir = Path(root_dir)
         self.kernel = kernel
+        self.cull = (cull_idle_s, cull_interval_s)
         self.startup_timeout = startup_timeout
         self.python = python
         self.token = secrets.token_hex(16)
@@ -171,6 +262,9 @@ class LabServer:
         self.state_dir = Path(tempfile.mkdtemp(prefix="chexnet-lab-"))
         for sub in ("config", "runtime", "settings", "workspaces", "ipython"):
             (self.state_dir / sub).mkdir()
+        install_mpi_profile(self.state_dir / "ipython")
+        if self.python == sys.executable:
+            install_lab_overrides()
         # No news/update prompts: a test run must not ask for, or try to reach, the internet.
         notification = self.state_dir / "settings/@jupyterlab/apputils-extension"
         notification.mkdir(parents=True)
@@ -182,7 +276,9 @@ class LabServer:
         env.pop("JUPYTER_PORT", None)
         env["JUPYTER_TOKEN"] = self.token  # jupyter_server's IdentityProvider.token default
         self.port = free_port()
-        argv = [self.python, "-m", "jupyter", "lab", *lab_args(self.root_dir, kernel=self.kernel),
+        argv = [self.python, "-m", "jupyter", "lab",
+                *lab_args(self.root_dir, kernel=self.kernel, cull_idle_s=self.cull[0],
+                          cull_interval_s=self.cull[1]),
                 f"--port={self.port}", "--ServerApp.port_retries=0", "--no-browser",
                 f"--LabApp.user_settings_dir={self.state_dir / 'settings'}",
                 f"--LabApp.workspaces_dir={self.state_dir / 'workspaces'}"]
@@ -269,7 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     through (``--port 8801``; ``JUPYTER_PORT`` works too). Ctrl-C and SIGTERM stop the
     server (it shuts its kernels down); kernels, engines and anything else started from the
     lab do not outlive this command, even if it is killed (:mod:`chexnet_utils.processes`).
-    Returns the server's exit status (143 after SIGTERM).
+    First it (re)writes the ``chexnet-mpi`` profile into the IPython folder and this
+    environment's JupyterLab defaults (:func:`install_mpi_profile`,
+    :func:`install_lab_overrides`). Returns the server's exit status (143 after SIGTERM).
     """
     from chexnet_utils.processes import command_lifetime, exit_status, interruption
 
@@ -284,6 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             del args[i:i + 2]
             break
     cmd = [sys.executable, "-m", "jupyter", "lab", *lab_args(root), *args]
+    for what, install in (("IPython Parallel sidebar: profile " + repr(MPI_PROFILE),
+                           install_mpi_profile),
+                          ("closing a notebook shuts its kernel down", install_lab_overrides)):
+        try:
+            print(f"{what} ({install()})", flush=True)
+        except OSError as e:  # a read-only environment or home: the lab runs without it
+            print(f"warning: {what}: not installed ({e})", file=sys.stderr, flush=True)
     print("+", " ".join(cmd), flush=True)
     with command_lifetime():
         server = None

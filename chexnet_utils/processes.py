@@ -231,25 +231,59 @@ def stop_marked(token: str, exclude: Iterable[int] = (), grace: float = 3.0,
     return sorted(signalled)
 
 
-def _wait_for_parent_or_done(parent: int) -> None:
-    """Block until the parent dies or writes to (or closes) our stdin."""
+def _read_lines(fd: int, pending: bytearray, on_death: list[list[str]] | None,
+                block: bool) -> bool:
+    """Read what ``fd`` has (all of it unless ``block``: one read); add the ``on-death``
+    lines' commands to ``on_death``. True when the parent is done: ``done``, or closed."""
+    import json
     import select
 
-    watched: list[int] = [sys.stdin.fileno()]
+    while True:
+        if not block and not select.select([fd], [], [], 0)[0]:
+            return False
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return True  # closed: done, or the parent died
+        pending += chunk
+        while b"\n" in pending:
+            end = pending.index(b"\n")
+            line = bytes(pending[:end])
+            del pending[:end + 1]
+            if not line.startswith(b"on-death "):
+                return True  # "done"
+            with contextlib.suppress(ValueError):
+                argv = json.loads(line[len(b"on-death "):])
+                if on_death is not None and isinstance(argv, list) and argv:
+                    on_death.append([str(a) for a in argv])
+        if block:
+            return False
+
+
+def _wait_for_parent_or_done(parent: int, on_death: list[list[str]] | None = None) -> None:
+    """Block until the parent dies, or says ``done`` on our stdin (or closes it). A line
+    ``on-death ["argv", ...]`` written before either adds a command to ``on_death`` (what
+    the pipe still holds when the parent has died is read too)."""
+    import select
+
+    stdin = sys.stdin.fileno()
+    pending = bytearray()
+    watched: list[int] = [stdin]
     pidfd = None
     if hasattr(os, "pidfd_open"):
         try:
             pidfd = os.pidfd_open(parent)
             watched.append(pidfd)
-        except ProcessLookupError:
-            return  # already gone
+        except ProcessLookupError:  # already gone
+            _read_lines(stdin, pending, on_death, block=False)
+            return
         except OSError:
             pidfd = None
     while True:
         ready, _, _ = select.select(watched, [], [], None if pidfd is not None else 0.5)
-        if ready:
+        if stdin in ready and _read_lines(stdin, pending, on_death, block=True):
             return
-        if not pid_alive(parent):  # polling fallback without pidfd
+        if (pidfd is not None and pidfd in ready) or (pidfd is None and not pid_alive(parent)):
+            _read_lines(stdin, pending, on_death, block=False)
             return
 
 
@@ -261,15 +295,22 @@ def watchdog_main(argv: list[str] | None = None) -> int:
         return 2
     parent, token = int(args[0]), args[1]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the command, not for us
-    _wait_for_parent_or_done(parent)
+    on_death: list[list[str]] = []
+    _wait_for_parent_or_done(parent, on_death)
     died = not pid_alive(parent)
+    if died:
+        for command in on_death:  # what no signal reaches: a Slurm job (scancel)
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=30)
     stop_marked(token, exclude=(parent,), log=died)
     return 0
 
 
 def start_watchdog(parent: int, token: str) -> subprocess.Popen[bytes] | None:
     """Start a watchdog (:func:`watchdog_main`) for ``parent``: when ``parent`` dies, or when
-    :func:`release_watchdog` is called, it stops every process carrying ``token``. In its own
+    :func:`release_watchdog` is called, it stops every process carrying ``token`` (and, if
+    ``parent`` died, first runs the commands given by :func:`watchdog_on_death`). In its own
     session, so a signal to ``parent``'s process group does not reach it. ``None`` where
     there is no ``/proc`` (the token cannot be read there)."""
     if not os.path.isdir("/proc"):
@@ -277,6 +318,22 @@ def start_watchdog(parent: int, token: str) -> subprocess.Popen[bytes] | None:
     return subprocess.Popen([sys.executable, "-m", "chexnet_utils.processes", str(parent), token],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             start_new_session=True)
+
+
+def watchdog_on_death(proc: subprocess.Popen[bytes] | None, argv: list[str]) -> bool:
+    """Ask a watchdog of :func:`start_watchdog` to run ``argv`` too if its parent dies (not
+    when it is released): for what lives beyond this machine's process tree, a Slurm job
+    (``scancel``). Returns False when the watchdog cannot be told (none, or gone)."""
+    import json
+
+    if proc is None or proc.stdin is None or proc.poll() is not None:
+        return False
+    try:
+        proc.stdin.write(b"on-death " + json.dumps(list(argv)).encode() + b"\n")
+        proc.stdin.flush()
+    except OSError:
+        return False
+    return True
 
 
 def release_watchdog(proc: subprocess.Popen[bytes] | None, timeout: float = 15) -> None:

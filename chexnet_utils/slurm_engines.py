@@ -43,6 +43,13 @@ class SlurmCluster(MPICluster):
 
     After :meth:`start`: :attr:`job_id`. After :meth:`stop`: :attr:`final_state` (what
     ``scontrol show job`` said once the job had ended, normally ``CANCELLED``).
+
+    Tied to this process's lifetime like ``MPICluster``: the kernel restarted or shut down
+    stops the cluster on its way out (``scancel``); a kernel that dies without a clean-up
+    (SIGKILL, its Jupyter server gone) leaves the job to the cluster's watchdog, told before
+    the job is submitted to run ``scancel --name ipengine-<cluster id>`` then
+    (:func:`chexnet_utils.processes.watchdog_on_death`): queued or running, on any node,
+    the job is cancelled.
     """
 
     def __init__(self, n: int = 2, *, sbatch_options: Sequence[str] = (),
@@ -117,6 +124,22 @@ class SlurmCluster(MPICluster):
         return "slurm"
 
     # -- life cycle ------------------------------------------------------------------------
+    def cancel_command(self) -> list[str]:
+        """The ``scancel`` that ends this cluster's job whatever its state, by the job name
+        ipyparallel gives it (``ipengine-<cluster id>``) and this user; with ``SLURM_CONF``
+        when a ``slurm_conf`` was given."""
+        import getpass
+
+        assert self.cluster is not None, "the ipyparallel cluster does not exist yet"
+        conf = ["env", f"SLURM_CONF={self.slurm_conf}"] if self.slurm_conf else []
+        return [*conf, "scancel", f"--name=ipengine-{self.cluster.cluster_id}",
+                f"--user={getpass.getuser()}"]
+
+    def _before_engines(self) -> None:
+        from chexnet_utils.processes import watchdog_on_death
+
+        watchdog_on_death(self._watchdog, self.cancel_command())
+
     def start(self) -> "SlurmCluster":
         """Submit the engines' job, start the controller, wait until all ``n`` engines are up."""
         reason = S.slurm_missing_reason(daemons=False)

@@ -20,8 +20,10 @@ This module starts the dispatcher and the workers as separate processes on 127.0
 (``python -m chexnet_utils.tfdata_service dispatcher|worker ...``), each announcing the port
 the OS gave it, optionally pinned to given cores (``os.sched_setaffinity``). They carry the
 lifeline token of :mod:`chexnet_utils.processes` (inherited environment) and a parent-death
-signal, so a killed notebook or command leaves nothing behind; :meth:`TFDataService.stop`
-terminates them, waits until they are gone and checks that their ports are closed.
+signal, so a killed, restarted or shut-down kernel or command leaves nothing behind;
+:meth:`TFDataService.stop` terminates them, waits until they are gone and checks that their
+ports are closed. Each runs in a session of its own, so the notebook's Interrupt (SIGINT to
+the kernel's process group) leaves the service running.
 Clients and workers reach the dispatcher at 127.0.0.1, but TensorFlow's gRPC servers listen on
 every interface of the host (``DispatcherConfig`` / ``WorkerConfig`` have a port, no bind
 address): on a machine with a public interface, firewall those ports, or run the service on
@@ -197,8 +199,12 @@ class TFDataService:
                 ) -> tuple[subprocess.Popen[str], tuple[int, ...] | None]:
         cpu_t = tuple(sorted(cpus)) if cpus is not None else None
         cmd, env = _role_command(role, args, cpu_t, self.env)
+        # In a session of its own: the notebook's Interrupt sends SIGINT to the kernel's
+        # process group, and a service starting up (importing TensorFlow) would die of it;
+        # it still dies with this process (parent-death signal, lifeline token).
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                stdin=subprocess.DEVNULL, text=True, env=env)
+                                stdin=subprocess.DEVNULL, text=True, env=env,
+                                start_new_session=True)
         return proc, cpu_t
 
     def start(self) -> TFDataService:

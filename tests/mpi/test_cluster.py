@@ -95,3 +95,78 @@ def test_timeout_is_an_engine_failure():
     with MPICluster(n=1) as cluster:
         with pytest.raises(EngineFailure, match="did not finish within"):
             cluster.run(time.sleep, 30, timeout=2)
+
+
+def _sleep_after_handshake(folder, seconds):
+    """Write ``folder/rank-N`` (the handshake: this rank is at work), then sleep."""
+    from chexnet_utils.distributed import mpi_rank
+
+    open(os.path.join(folder, f"rank-{mpi_rank()}"), "w").close()
+    time.sleep(seconds)
+
+
+def _wait_for_files(folder, n, timeout=60):
+    deadline = time.monotonic() + timeout
+    while len(os.listdir(folder)) < n:
+        assert time.monotonic() < deadline, f"no handshake from {n} engines in {timeout} s"
+        time.sleep(0.05)
+    for f in os.listdir(folder):
+        os.unlink(os.path.join(folder, f))
+
+
+def test_interrupt_stops_the_task_or_else_the_whole_cluster(tmp_path):
+    """#27: an interrupt (what ``%%px`` does on the stop button, and ``run`` on Ctrl-C/the
+    button) ends the engines' task within a bounded time and leaves them usable: the next
+    request is run, not aborted by ipykernel's stop-on-error; an engine that ignores SIGINT
+    (rank 1 in an MPI barrier that rank 0 left) makes it stop the cluster, every process
+    gone, and say so."""
+    import _thread
+    import threading
+
+    with MPICluster(n=2, interrupt_timeout=4) as cluster:
+        pids = cluster.pids()
+        # a %%px-style task: execute, then the SIGINT that the magic sends
+        ar = cluster.view.execute(f"import os, time\nfrom chexnet_utils.distributed import "
+                                  f"mpi_rank\nopen(os.path.join({str(tmp_path)!r}, "
+                                  f"f'rank-{{mpi_rank()}}'), 'w').close()\ntime.sleep(600)",
+                                  block=False)
+        _wait_for_files(tmp_path, 2)
+        assert cluster.busy_engines() == [0, 1]
+        t0 = time.monotonic()
+        cluster.client.send_signal("SIGINT", targets=[0, 1], block=True)  # %%px's call
+        assert time.monotonic() - t0 < 4 and ar.ready()
+        assert "stopped their task" in cluster.last_interrupt and "ready" in cluster.last_interrupt
+        with pytest.raises(Exception, match="KeyboardInterrupt"):
+            ar.get()
+        after = cluster.view.execute("print('rank', mpi_rank(), 'is back')", block=False)
+        after.get(timeout=30)  # not TaskAborted
+        after.wait_for_output(5)
+        assert [o.strip() for o in after.stdout] == ["rank 0 is back", "rank 1 is back"]
+        assert cluster.busy_engines() == []
+
+        # cluster.run interrupted by Ctrl-C / the button: the engines stop, KeyboardInterrupt
+        timer = threading.Thread(target=lambda: (_wait_for_files(tmp_path, 2),
+                                                 _thread.interrupt_main()))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            cluster.run(_sleep_after_handshake, str(tmp_path), 600)
+        timer.join()
+        assert "ready for the next cell" in cluster.last_interrupt
+        assert cluster.run(os.getpid) == cluster.engine_pids
+
+        # rank 1 waits in a barrier that rank 0, interrupted, never reaches: stuck for good
+        cluster.view.execute(
+            "from mpi4py import MPI\nimport time\nopen(os.path.join(" + repr(str(tmp_path))
+            + ", f'rank-{mpi_rank()}'), 'w').close()\n"
+            "if MPI.COMM_WORLD.rank == 0:\n    time.sleep(600)\nMPI.COMM_WORLD.Barrier()",
+            block=False)
+        _wait_for_files(tmp_path, 2)
+        time.sleep(0.5)  # rank 1 inside the barrier
+        t0 = time.monotonic()
+        message = cluster.interrupt()
+        took = time.monotonic() - t0
+        assert cluster.cluster is None and alive(pids) == []
+        assert "engine(s) 1 still busy 4 s" in message and "cluster was stopped" in message
+        assert "MPICluster(n=2).start()" in message
+        assert took < 4 + cluster.stop_timeout + 5, took
+    print(f"stuck engine: cluster stopped {took:.1f} s after the interrupt")

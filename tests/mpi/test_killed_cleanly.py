@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import urllib.request
 from pathlib import Path
 
@@ -198,51 +199,59 @@ def test_lab(run, tmp_path, sig):
 
 # ---- a kernel that dies with a cluster up (issue 27) -----------------------------------------
 
-def test_a_killed_kernel_leaves_no_cluster_behind(tmp_path):
-    """SIGKILL of the process that started an ``MPICluster`` (a kernel killed by the
-    out-of-memory killer, or one that exits because its server went away): the cluster's
-    watchdog stops the controller, ``mpiexec``, the engines and their nannies, and exits."""
-    import selectors
-    import subprocess
-    import sys
-    import time
+def test_a_killed_or_orphaned_kernel_leaves_no_cluster_behind(tmp_path):
+    """The project kernel under the Jupyter server of ``make lab`` (:class:`LabServer`) starts
+    ``MPICluster(n=2)`` as notebook 04 does, then dies without cleaning up:
+
+    1. SIGKILL of the kernel (the out-of-memory killer): the cluster's watchdog stops the
+       controller, ``mpiexec``, the engines and their nannies;
+    2. a second such kernel, then SIGKILL of the Jupyter server: the kernel notices its
+       parent is gone and exits with ``os._exit`` (ipykernel's ``ParentPollerUnix``, no
+       clean-up), and the watchdog stops its cluster.
+
+    Each time nothing of the kernel's process tree (recorded by pid, with the cluster's
+    lifeline token) is left 20 s later. (Restart and a closed tab: test_learner_session.py.)
+    """
+    from jupyter_client import BlockingKernelClient
+
+    from chexnet_utils.lab import LabServer
+    from tests.proctree import ProcessTree
+
+    def kernel_with_cluster(lab: LabServer) -> tuple[int, BlockingKernelClient]:
+        kernel_id = lab.request("/api/kernels", method="POST")["id"]
+        client = BlockingKernelClient(
+            connection_file=str(lab.state_dir / "runtime" / f"kernel-{kernel_id}.json"))
+        client.load_connection_file()
+        client.start_channels()
+        reply = client.execute_interactive(
+            "from chexnet_utils.distributed import MPICluster\n"
+            "cluster = MPICluster(n=2).start()", timeout=180, output_hook=lambda msg: None)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        server = psutil.Process(lab.process.pid)
+        (pid,) = [p.pid for p in server.children(recursive=True)
+                  if any(f"kernel-{kernel_id}.json" in a for a in p.cmdline())]
+        return pid, client
 
     import psutil
 
-    from chexnet_utils.processes import wait_pids_gone
-
-    script = tmp_path / "kernel.py"
-    script.write_text("import json, os, time\n"
-                      "from chexnet_utils.distributed import MPICluster\n"
-                      "c = MPICluster(n=2).start()\n"
-                      "print(json.dumps({'pids': sorted(c.pids()), 'token': c.lifeline}), "
-                      "flush=True)\n"
-                      "time.sleep(600)\n")
-    kernel = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
-    pids: list[int] = []
-    try:
-        sel = selectors.DefaultSelector()
-        sel.register(kernel.stdout, selectors.EVENT_READ)
-        assert sel.select(timeout=120), "the cluster did not start within 120 s"
-        started = json.loads(kernel.stdout.readline())
-        pids = started["pids"]
-        watchdogs = [p.pid for p in psutil.process_iter(["cmdline"])
-                     if p.info["cmdline"] and "chexnet_utils.processes" in p.info["cmdline"]
-                     and started["token"] in p.info["cmdline"]]
-        assert len(pids) >= 4 and len(watchdogs) == 1  # controller, mpiexec, 2 engines, ...
+    with LabServer(tmp_path) as lab:
+        pid, client = kernel_with_cluster(lab)
+        tree = ProcessTree(pid)
+        assert len(tree) >= 6  # controller, mpiexec, 2 engines, 2 nannies (+ the watchdog)
+        tree.procs[pid] = psutil.Process(pid)
         t0 = time.monotonic()
-        kernel.kill()
-        kernel.wait()
-        left = wait_pids_gone(pids + watchdogs, timeout=20)
-        assert left == [], f"alive {time.monotonic() - t0:.0f} s after the kernel's SIGKILL: " \
-                           f"{[' '.join(psutil.Process(p).cmdline())[:80] for p in left]}"
-    finally:
-        if kernel.poll() is None:
-            kernel.kill()
-            kernel.wait()
-        for pid in pids:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
+        os.kill(pid, signal.SIGKILL)
+        tree.assert_gone_by(t0 + 20, "20 s after the kernel's SIGKILL")
+        print(f"kernel SIGKILLed: {len(tree)} processes gone after {time.monotonic() - t0:.1f} s")
+        client.stop_channels()
+
+        pid, client = kernel_with_cluster(lab)
+        everything = ProcessTree(lab.process.pid)  # every kernel and what they started
+        assert len(everything) >= 7 and pid in everything.procs
+        t0 = time.monotonic()
+        lab.process.kill()
+        lab.process.wait()
+        everything.assert_gone_by(t0 + 20, "20 s after the Jupyter server's SIGKILL")
+        print(f"Jupyter server SIGKILLed: its {len(everything)} processes gone after "
+              f"{time.monotonic() - t0:.1f} s")
+        client.stop_channels()

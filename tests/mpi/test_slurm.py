@@ -298,3 +298,44 @@ def _children(pid: int) -> list[int]:
     from chexnet_utils.processes import descendants
 
     return descendants(pid)
+
+
+def test_a_killed_kernel_s_engines_job_is_cancelled(local_slurm, tmp_path):
+    """#27: the process that started a ``SlurmCluster`` is SIGKILLed (a kernel killed by
+    the out-of-memory killer, or left by its Jupyter server): its watchdog runs the
+    ``scancel`` it was given before the job was submitted, so the job ends CANCELLED (on a
+    real cluster its engines run on other nodes, out of reach of any local signal) and no
+    local process of the cluster is left. (Without the scancel the job ends FAILED: its
+    local engines carry the lifeline token and are killed; checked by hand.)"""
+    import selectors
+
+    from chexnet_utils import slurm as S
+    from chexnet_utils.processes import wait_pids_gone
+
+    script = ("import json, time\n"
+              "from chexnet_utils.slurm_engines import SlurmCluster\n"
+              f"c = SlurmCluster(n=2, slurm_conf={str(local_slurm.conf_path)!r}, "
+              "engine_timeout=120, sbatch_options=['--cpus-per-task=1', '--time=10']).start()\n"
+              "print(json.dumps({'job': c.job_id, 'pids': sorted(c.pids())}), flush=True)\n"
+              "time.sleep(600)\n")
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True)
+    pids: list[int] = []
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(kernel.stdout, selectors.EVENT_READ)
+        assert sel.select(timeout=180), "the Slurm cluster did not start within 180 s"
+        info = json.loads(kernel.stdout.readline())
+        pids = info["pids"]
+        assert local_slurm.job_info(info["job"])["JobState"] == "RUNNING" and len(pids) >= 3
+        kernel.kill()
+        kernel.wait()
+        assert S.wait_until_gone(info["job"], 30, local_slurm.env) == "CANCELLED"
+        assert wait_pids_gone(pids, timeout=20) == []
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+            kernel.wait()
+        kernel.stdout.close()
+        for pid in alive(pids):
+            os.kill(pid, 9)

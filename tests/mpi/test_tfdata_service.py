@@ -64,6 +64,10 @@ def test_service_processes_are_separate_and_listening(service):
     assert all(pid_alive(p) for p in service.pids)
     assert all(port_open(p) for p in service.ports)
     assert service.target == f"grpc://127.0.0.1:{service.dispatcher.port}"
+    # #27: each in its own session, out of this process's group: a notebook's Interrupt
+    # (SIGINT to the kernel's process group) does not reach them, even while they start
+    assert all(os.getsid(pid) == pid for pid in service.pids)
+    assert os.getpgid(0) not in {os.getpgid(pid) for pid in service.pids}
 
 
 def test_distributed_epoch_delivers_every_example_exactly_once(service, shards):

@@ -1,39 +1,33 @@
 """Browser check: each notebook opens in JupyterLab (as ``make lab`` starts it) and renders.
 
-JupyterLab runs headless on loopback (a free port, a random token passed in its environment) over a temporary copy of
-``notebooks/``, so the committed notebooks get no kernel metadata, autosave or checkpoints.
-Debian's Chromium, driven by Playwright, opens each ``notebooks/NN_*.ipynb`` and must show
+JupyterLab runs headless on loopback (a free port, a random token passed in its environment)
+over a temporary copy of ``notebooks/`` (the ``lab`` fixture of conftest.py, shared with
+test_learner_session.py, which runs cells as a learner would).
+Debian's Chromium, driven by Playwright, opens each ``notebooks/NN_*.ipynb`` (but 00, which
+test_learner_session.py opens, checks the same way and runs) and must show
 the notebook's title (the first ``# `` heading of its first markdown cell) as a rendered h1,
 the project kernel in the kernel selector, and ipyparallel's "IPython Parallel" sidebar.
 A screenshot per notebook goes to ``$CHEXNET_BROWSER_SHOTS`` (``make browser-check`` sets it to
 ``build/browser/``), else to the test's temporary folder. Teardown stops Chromium, JupyterLab
-and its kernels and fails if any process this module started is still alive.
-
-Chromium comes from ``scripts/setup.sh`` (``apt-get install chromium`` as root). Without it
-the browser tests are skipped when not root (say so in the reason), and fail as root, where
-setup should have installed it.
+and its kernels and fails if any process these tests started is still alive (conftest.py,
+which also says when the browser tests are skipped).
 """
 
 from __future__ import annotations
 
-import os
+import json
 import re
-import shutil
 import time
-from pathlib import Path
-from urllib.parse import quote
 
-import psutil
 import pytest
 
 from chexnet_utils import lab as lab_module
-from chexnet_utils.lab import (PROJECT_KERNEL, PROJECT_KERNEL_DISPLAY, LabServer, heading_text,
-                               lab_args, main, notebook_title)
+from chexnet_utils.lab import (CULL_IDLE_S, LAB_OVERRIDES, MPI_PROFILE, PROJECT_KERNEL,
+                               PROJECT_KERNEL_DISPLAY, SIDEBAR_ENGINES, LabServer, heading_text,
+                               install_lab_overrides, install_mpi_profile, lab_args, main,
+                               notebook_title)
+from tests.notebooks.conftest import NOTEBOOKS
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-CHROMIUM = Path(os.environ.get("CHEXNET_CHROMIUM") or shutil.which("chromium")
-                or "/usr/bin/chromium")  # the same lookup as scripts/setup.sh (PATH)
 TIMEOUT_MS = 90_000   # per notebook: JupyterLab's first load on a busy 2-core machine
 
 
@@ -66,12 +60,18 @@ def test_every_notebook_has_a_numbered_title(notebook):
     assert notebook_title(notebook).startswith(notebook.name[:2] + " ")
 
 
-def test_make_lab_is_loopback_with_only_the_project_kernel(monkeypatch, capsys):
+def test_make_lab_is_loopback_with_only_the_project_kernel(monkeypatch, capsys, tmp_path):
     args = lab_args("notebooks")
     assert "--ip=127.0.0.1" in args
     assert f"--KernelSpecManager.allowed_kernelspecs={PROJECT_KERNEL}" in args
     assert f"--MappingKernelManager.default_kernel_name={PROJECT_KERNEL}" in args
+    assert f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_S}" in args  # closed browsers
     calls = []
+    # what `make lab` installs first: the sidebar's profile (IPython's folder) and the
+    # JupyterLab defaults (this environment's): here into temporary folders
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    monkeypatch.setattr(lab_module, "install_lab_overrides",
+                        lambda: install_lab_overrides(tmp_path / "prefix"))
 
     class FakeServer:  # `make lab` runs the server as a child and waits for it
         def wait(self, timeout=None):
@@ -90,78 +90,66 @@ def test_make_lab_is_loopback_with_only_the_project_kernel(monkeypatch, capsys):
     (argv,) = calls
     assert argv[1:4] == ["-m", "jupyter", "lab"]
     assert "--ServerApp.root_dir=nb" in argv and argv[-2:] == ["--port", "8801"]
-    assert "jupyter lab" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "jupyter lab" in out and f"profile '{MPI_PROFILE}'" in out
+    assert (tmp_path / "ipython" / f"profile_{MPI_PROFILE}" / "ipcluster_config.py").exists()
+    assert (tmp_path / "prefix/share/jupyter/lab/settings/overrides.json").exists()
 
 
-# --- JupyterLab and Chromium ---------------------------------------------------------------
+def test_make_lab_runs_without_its_defaults_where_it_cannot_write_them(monkeypatch, capsys,
+                                                                         tmp_path):
+    def read_only(*args):  # noqa: ANN002, ANN202
+        raise PermissionError(13, "Permission denied", "/usr/share/jupyter/lab/settings")
 
-def _own_processes() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    class FakeServer:
+        def wait(self, timeout=None):  # noqa: ANN001, ANN202
+            return 0
 
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """JupyterLab over a copy of the notebooks; afterwards no process of ours may remain."""
-    before = _own_processes()
-    root = tmp_path_factory.mktemp("lab-notebooks")
-    for nb in NOTEBOOKS:
-        shutil.copy2(nb, root / nb.name)
-    server = LabServer(root)
-    try:
-        with server:
-            # #30 item 3: the token is random and on no command line (`ps` shows those to
-            # every account); the server and its kernels get it in their environment
-            assert len(server.token) == 32 and server.process is not None
-            cmdlines = [" ".join(p.cmdline()) for p in
-                        [psutil.Process(server.process.pid),
-                         *psutil.Process(server.process.pid).children(recursive=True)]]
-            assert not [c for c in cmdlines if server.token in c], cmdlines
-            yield server
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-        _, alive = psutil.wait_procs(leftover, timeout=10)
-        described = []
-        for p in alive:
-            try:
-                described.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        assert not described, "processes left after teardown (now killed):\n" + "\n".join(described)
-        assert server.state_dir is None
+    real_popen = lab_module.subprocess.Popen
+    monkeypatch.setattr(lab_module, "install_lab_overrides", read_only)
+    monkeypatch.setattr(lab_module, "install_mpi_profile", read_only)
+    monkeypatch.setattr(lab_module.subprocess, "Popen", lambda argv, **kw: real_popen(argv, **kw)
+                        if "chexnet_utils.processes" in argv else FakeServer())
+    assert main(["--notebook-dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "closing a notebook shuts its kernel down: not installed" in err
+    assert f"profile '{MPI_PROFILE}': not installed" in err
 
 
-@pytest.fixture(scope="module")
-def browser(lab):
-    """Headless Debian Chromium through Playwright (no browser download)."""
-    if not CHROMIUM.exists():
-        how = "sudo apt-get update && sudo apt-get install -y chromium"
-        release = Path("/etc/os-release")
-        if release.exists() and re.search(r"^ID=\"?ubuntu", release.read_text(), re.M):
-            pytest.skip("browser check skipped: Ubuntu's chromium apt package is a snap shim "
-                        "that `make setup` does not install; put a Chromium binary on PATH "
-                        "or name it in CHEXNET_CHROMIUM")
-        if os.geteuid() == 0:
-            pytest.fail(f"{CHROMIUM} is missing although this is root: `make setup` installs it "
-                        f"(or run: {how})")
-        pytest.skip(f"browser check skipped: Debian chromium is not installed at {CHROMIUM} and "
-                    f"this is not root, so `make setup` could not install it; run: {how}")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as exc:   # pinned in requirements/base.txt
-        pytest.fail(f"playwright is not installed ({exc}); run `make setup`")
-    pw = sync_playwright().start()
-    try:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                      args=["--disable-dev-shm-usage", "--disable-gpu"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-    finally:
-        pw.stop()
+def test_lab_defaults_are_merged_into_the_environment_s_overrides(tmp_path):
+    settings = tmp_path / "share/jupyter/lab/settings/overrides.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps({"@jupyterlab/notebook-extension:tracker": {"x": 1},
+                                    "@other/ext:plugin": {"y": 2}}))
+    assert install_lab_overrides(tmp_path) == settings
+    assert json.loads(settings.read_text()) == {
+        "@jupyterlab/notebook-extension:tracker": {"x": 1, "kernelShutdown": True},
+        "@other/ext:plugin": {"y": 2}}
+    assert LAB_OVERRIDES == {"@jupyterlab/notebook-extension:tracker": {"kernelShutdown": True}}
 
+
+def test_the_sidebar_profile_starts_mpi_engines_as_mpicluster_does(tmp_path, monkeypatch):
+    """The ``chexnet-mpi`` profile as ipyparallel's cluster manager loads it (what the
+    sidebar's card shows and starts): MPI engines, MPICluster's mpiexec arguments and
+    environment, loopback controller, two engines."""
+    import ipyparallel as ipp
+
+    from chexnet_utils.distributed import MPICluster
+
+    folder = install_mpi_profile(tmp_path)
+    assert folder == tmp_path / f"profile_{MPI_PROFILE}"
+    assert install_mpi_profile(tmp_path) == folder  # idempotent
+    cluster = ipp.Cluster(profile_dir=str(folder))
+    assert cluster.engine_launcher_class.__name__ == "MPIEngineSetLauncher"
+    assert cluster.n == SIDEBAR_ENGINES == 2 and cluster.controller_ip == "127.0.0.1"
+    reference = MPICluster(n=2, oversubscribe=True)
+    mpi_args = list(cluster.config.MPIEngineSetLauncher.mpi_args)
+    assert mpi_args == reference._mpiexec_args() and "--bind-to" in mpi_args
+    assert dict(cluster.config.MPIEngineSetLauncher.environment) == reference.env_overrides()
+    assert cluster.config.LocalControllerLauncher.environment["IPP_ENABLE_CURVE"] == "0"
+
+
+# --- JupyterLab and Chromium (fixtures: conftest.py) ---------------------------------
 
 def test_lab_serves_project_kernel_and_ipyparallel(lab):
     specs = lab.request("/api/kernelspecs")
@@ -181,33 +169,52 @@ def _shut_down_kernels(lab: LabServer, path: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the screenshots go: ``$CHEXNET_BROWSER_SHOTS`` (``make browser-check``: the
-    repository's ``build/browser``), else a temporary folder."""
-    folder = os.environ.get("CHEXNET_BROWSER_SHOTS")
-    if not folder:
-        return tmp_path_factory.mktemp("browser")
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    return Path(folder)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_renders_title_with_project_kernel(lab, browser, shots, notebook):
+def lab_page(lab, browser):  # noqa: ANN001, ANN201
+    """One JupyterLab page for every notebook: the application loads once (6-8 s each on a
+    busy 2-core machine), and each test opens its notebook from the file browser, as a
+    learner does, then closes its tab (which shuts its kernel down under ``make lab``)."""
     from playwright.sync_api import expect
 
-    title = notebook_title(notebook)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     try:
-        # A workspace per notebook: each page opens this notebook only.
-        page.goto(lab.url(f"/lab/workspaces/t{notebook.name[:2]}/tree/{quote(notebook.name)}"))
-        heading = page.locator(".jp-NotebookPanel .jp-RenderedMarkdown h1").first
+        page.goto(lab.url("/lab/workspaces/browser-check"))
+        expect(page.locator(".jp-DirListing-item", has_text=NOTEBOOKS[-1].name)).to_be_visible(
+            timeout=TIMEOUT_MS)
+        yield page
+    finally:
+        context.close()
+
+
+def _close_current_tab(page) -> None:  # noqa: ANN001
+    """Close the notebook's tab; "Discard" if JupyterLab asks to save (the kernel adds its
+    language_info to the notebook's metadata)."""
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabCloseIcon").click()
+    deadline = time.monotonic() + 15
+    while page.locator(".jp-NotebookPanel:visible").count() and time.monotonic() < deadline:
+        discard = page.locator(".jp-Dialog button", has_text="Discard")
+        if discard.count():
+            discard.click()
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS[1:], ids=lambda p: p.name)
+def test_notebook_renders_title_with_project_kernel(lab, lab_page, shots, notebook):
+    """(Notebook 00 is opened, checked the same way and run by test_learner_session.py.)"""
+    from playwright.sync_api import expect
+
+    title = notebook_title(notebook)
+    page = lab_page
+    try:
+        page.locator(".jp-DirListing-item", has_text=notebook.name).dblclick()
+        panel = page.locator(".jp-NotebookPanel:visible")
+        heading = panel.locator(".jp-RenderedMarkdown h1").first
         # The rendered text, less the heading's anchor link (a hidden "¶").
         expect(heading).to_have_text(re.compile(rf"^\s*{re.escape(title)}\s*¶?\s*$"),
                                      timeout=TIMEOUT_MS)
-        expect(page.locator(".jp-NotebookPanel-toolbar .jp-KernelName")).to_have_text(
+        expect(panel.locator(".jp-NotebookPanel-toolbar .jp-KernelName")).to_have_text(
             PROJECT_KERNEL_DISPLAY, timeout=TIMEOUT_MS)
         expect(page.locator('.jp-SideBar .lm-TabBar-tab[title="IPython Parallel"]')).to_have_count(1)
         deadline = time.monotonic() + TIMEOUT_MS / 1000
@@ -225,5 +232,5 @@ def test_notebook_renders_title_with_project_kernel(lab, browser, shots, noteboo
         except Exception as e:  # a missing screenshot must not hide the real failure
             print(f"screenshot of {notebook.name} failed: {e}")
         finally:
-            context.close()
+            _close_current_tab(page)
             _shut_down_kernels(lab, notebook.name)

@@ -177,3 +177,37 @@ def test_wait_pids_gone_returns_the_survivors_and_counts_exited_children_as_gone
         slow.wait()
         quick.wait()
     assert wait_pids_gone([slow.pid], timeout=5) == []
+
+
+@pytest.mark.parametrize("end", ["killed", "released"])
+def test_watchdog_runs_its_on_death_commands_only_when_the_parent_dies(tmp_path, end):
+    """What no signal reaches (a Slurm job: scancel) is handed to the watchdog as a command
+    (issue 27): run after SIGKILL of the parent, not after a normal release."""
+    import time
+
+    flag = tmp_path / "ran"
+    command = f"import pathlib; pathlib.Path({str(flag)!r}).write_text('ran')"
+    code = ("import sys, time\n"
+            "from chexnet_utils import processes as P\n"
+            "w = P.start_watchdog(P.os.getpid(), 'tok-x')\n"
+            f"assert P.watchdog_on_death(w, [sys.executable, '-c', {command!r}])\n"
+            "print(w.pid, flush=True)\n"
+            f"if {end == 'released'}:\n"
+            "    P.release_watchdog(w)\n"
+            "    print('released', flush=True)\n"
+            "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        watchdog = int(parent.stdout.readline())
+        if end == "released":
+            assert parent.stdout.readline().strip() == "released"
+            assert P.wait_pids_gone([watchdog], timeout=10) == []
+        parent.kill()
+        parent.wait()
+        assert P.wait_pids_gone([watchdog], timeout=20) == []
+        time.sleep(0.2)
+        assert flag.exists() is (end == "killed")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert not P.watchdog_on_death(None, ["true"])
