@@ -343,6 +343,8 @@ class MPICluster:
         self._profile_dir: str | None = None
         self.profile_parent: str | None = None  # where the private profile folder is made
         self.start_seconds: float | None = None
+        self.exposure: str | None = None
+        """Who could reach the cluster's ``mpiexec`` listener (one line, set by :meth:`start`)."""
         self.stop_seconds: float | None = None
         self._started_at: float | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -444,6 +446,14 @@ class MPICluster:
             self.stop()
             raise
         self.start_seconds = time.perf_counter() - t0
+        # mpiexec's out-of-band listener is on every interface whatever oob_tcp_if_include
+        # says (Open MPI 4.1, orte/mca/oob/tcp/oob_tcp_listener.c): say so where others could
+        # reach it (the notebooks print `cluster.exposure`; a shared host gets it on stderr).
+        from chexnet_utils.exposure import who_can_reach
+
+        self.exposure, shared = who_can_reach("mpiexec's out-of-band listener")
+        if shared:
+            print(f"[MPICluster] {self.exposure}", file=sys.stderr)
         return self
 
     def busy_engines(self) -> list[int]:

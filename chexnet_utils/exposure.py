@@ -126,6 +126,24 @@ def _account(uid: int) -> str:
         return str(uid)
 
 
+def who_can_reach(service: str) -> tuple[str, bool]:
+    """One line saying who could reach a ``service`` listening on every interface if it
+    started now, and whether other accounts could (True on a shared host outside a private
+    network namespace). For listeners this collection cannot move or authenticate but that do
+    not run arbitrary graphs either (``mpiexec``'s out-of-band listener): they start, and the
+    line says what :func:`require_private_network` would have refused."""
+    if in_private_network_namespace():
+        return f"{service}: in a private network namespace, reachable from inside it only", False
+    others = other_accounts_running()
+    if not others:
+        return f"{service}: no other account runs a process on this host", False
+    names = ", ".join(f"{_account(uid)} ({n} processes)" for uid, n in sorted(others.items()))
+    return (f"{service}: open on every interface, and other accounts run processes here "
+            f"({names}); to keep them out, run the notebooks in a network namespace of your own "
+            f"(make lab PRIVATE=1) or a VM or container of your own "
+            f"(docs/facilitator.md, 'Shared hosts')"), True
+
+
 def require_private_network(service: str) -> str:
     """Check that an unauthenticated ``service`` started now is reachable by this account
     only; return why (one line, for the notebook to print), or raise

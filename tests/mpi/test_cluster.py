@@ -57,6 +57,7 @@ def test_context_manager_runs_on_every_rank_and_leaves_nothing_behind():
         assert {lst.name for lst in exposed} == {"mpiexec"}, listeners
         assert sorted(lst.address for lst in exposed) == ["*", "0.0.0.0"], listeners
         assert "oob_tcp_if_include" in cluster._mpiexec_args()
+        assert cluster.exposure.startswith("mpiexec's out-of-band listener: ")  # who can reach
         # unbound by default, as horovodrun leaves its ranks (#25 item 4): every engine may
         # run on every core this process may use
         affinities = [psutil.Process(i["pid"]).cpu_affinity() for i in infos]

@@ -34,6 +34,22 @@ def test_refuses_on_a_shared_host_and_says_how_to_opt_in(monkeypatch):
     assert "started anyway" in require_private_network("tf.data service")
 
 
+def test_who_can_reach_a_listener_it_cannot_refuse(monkeypatch):
+    """mpiexec's listener cannot be moved off every interface (Open MPI 4.1): MPICluster
+    starts anyway and says who could reach it, with the way to keep them out."""
+    monkeypatch.setattr(exposure, "in_private_network_namespace", lambda: False)
+    monkeypatch.setattr(exposure, "other_accounts_running", lambda: {OTHER_UID: 2})
+    line, shared = exposure.who_can_reach("mpiexec's out-of-band listener")
+    assert shared and f"{OTHER_UID} (2 processes)" in line and "make lab PRIVATE=1" in line
+    monkeypatch.setattr(exposure, "other_accounts_running", lambda: {})
+    assert exposure.who_can_reach("x") == ("x: no other account runs a process on this host",
+                                           False)
+    monkeypatch.setattr(exposure, "in_private_network_namespace", lambda: True)
+    monkeypatch.setattr(exposure, "other_accounts_running", lambda: {OTHER_UID: 1})
+    line, shared = exposure.who_can_reach("x")
+    assert not shared and "private network namespace" in line
+
+
 def test_says_why_it_is_safe(monkeypatch):
     monkeypatch.setattr(exposure, "in_private_network_namespace", lambda: False)
     monkeypatch.setattr(exposure, "other_accounts_running", lambda: {})
