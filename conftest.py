@@ -24,6 +24,7 @@ import pytest
 from chexnet_utils.nbtools import (budget_minutes, format_layer_times, format_wall_times,
                                    layer_of_test, notebook_of, read_stage_times,
                                    write_stage_time)
+from chexnet_utils.processes import command_lifetime
 
 TIMES_ENV = "CHEXNET_TEST_TIMES"
 
@@ -56,8 +57,25 @@ def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ANN201
             "figures. Run them in a serial pytest (make test's second stage, or make notebooks).")
 
 
+_lifetime: list = []
+
+
 def pytest_sessionstart(session):  # noqa: ANN001, ANN201
     _session_start[0] = time.monotonic()
+    # A lifeline for the whole session (each xdist worker gets its own too): everything a test
+    # starts carries its token, and if pytest is killed (a CI timeout's SIGKILL) the watchdog
+    # stops what is left: clusters, Slurm daemons, nbval's kernels (which leave through
+    # ipykernel's parent poller, skipping every atexit). SIGTERM ends the run like Ctrl-C, with
+    # the fixtures' teardowns.
+    lifetime = command_lifetime()
+    lifetime.__enter__()
+    _lifetime.append(lifetime)
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has stopped its workers
+def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ANN201
+    while _lifetime:
+        _lifetime.pop().__exit__(None, None, None)
 
 
 def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201

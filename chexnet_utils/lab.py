@@ -64,6 +64,11 @@ LAB_OVERRIDES = {"@jupyterlab/notebook-extension:tracker": {"kernelShutdown": Tr
 CULL_IDLE_S = 3600
 """A kernel idle this long with no browser tab connected is shut down (``make lab``)."""
 CULL_INTERVAL_S = 60
+SHUTDOWN_WAIT_S = 30
+"""Seconds a kernel gets to exit on its own (Kernel > Restart / Shut Down) before Jupyter
+sends SIGTERM, then SIGKILL: jupyter_client's ``KernelManager.shutdown_wait_time`` is 5 s,
+shorter than a cluster's or a local Slurm's clean stop at exit (engines, ``scancel``, the
+daemons; the security review's finding 10). A kernel that exits sooner is not kept waiting."""
 
 
 def lab_args(root_dir: str | os.PathLike[str], *, kernel: str = PROJECT_KERNEL,
@@ -74,14 +79,16 @@ def lab_args(root_dir: str | os.PathLike[str], *, kernel: str = PROJECT_KERNEL,
     Only ``kernel`` is offered and it is the default, so notebooks saved with another
     Python kernel open on it. A kernel idle for ``cull_idle_s`` seconds with no browser
     connected is shut down, checked every ``cull_interval_s`` (Jupyter Server's
-    ``MappingKernelManager.cull_idle_timeout``; busy kernels are not culled). As root
+    ``MappingKernelManager.cull_idle_timeout``; busy kernels are not culled). A kernel asked
+    to shut down gets :data:`SHUTDOWN_WAIT_S` to stop its clusters before it is killed. As root
     (containers, CI) ``--allow-root`` is added, which Jupyter Server otherwise refuses.
     """
     args = [f"--ip={ip}", f"--ServerApp.root_dir={os.fspath(root_dir)}",
             f"--KernelSpecManager.allowed_kernelspecs={kernel}",
             f"--MappingKernelManager.default_kernel_name={kernel}",
             f"--MappingKernelManager.cull_idle_timeout={cull_idle_s:g}",
-            f"--MappingKernelManager.cull_interval={cull_interval_s:g}"]
+            f"--MappingKernelManager.cull_interval={cull_interval_s:g}",
+            f"--KernelManager.shutdown_wait_time={SHUTDOWN_WAIT_S}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         args.append("--allow-root")
     return args
@@ -401,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return exit_status(e)
             server.send_signal(signal.SIGTERM)  # Jupyter stops its kernels, then itself
             try:
-                server.wait(8)
+                server.wait(SHUTDOWN_WAIT_S + 10)
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()

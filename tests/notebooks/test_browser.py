@@ -66,6 +66,7 @@ def test_make_lab_is_loopback_with_only_the_project_kernel(monkeypatch, capsys, 
     assert f"--KernelSpecManager.allowed_kernelspecs={PROJECT_KERNEL}" in args
     assert f"--MappingKernelManager.default_kernel_name={PROJECT_KERNEL}" in args
     assert f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_S}" in args  # closed browsers
+    assert "--KernelManager.shutdown_wait_time=30" in args  # time for a cluster's clean stop
     calls = []
     # what `make lab` installs first: the sidebar's profile (IPython's folder) and the
     # JupyterLab defaults (this environment's): here into temporary folders

@@ -211,3 +211,61 @@ def test_watchdog_runs_its_on_death_commands_only_when_the_parent_dies(tmp_path,
         if parent.poll() is None:
             parent.kill()
     assert not P.watchdog_on_death(None, ["true"])
+
+
+# ---- the test session itself (security review finding 11) -----------------------------------
+
+def test_a_killed_pytest_session_leaves_nothing_it_started(tmp_path):
+    """The repository's conftest gives each pytest session a lifeline: a test session killed
+    with SIGKILL (a CI timeout) takes the processes its tests started with it."""
+    import json
+    import selectors
+    import time
+
+    import psutil
+
+    from chexnet_utils.processes import wait_pids_gone
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    (tmp_path / "test_sleeper.py").write_text(
+        "import json, subprocess, sys, time\n"
+        "def test_sleeps():\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+        "                             start_new_session=True)\n"  # out of pytest's group
+        "    print(json.dumps({'child': child.pid}), flush=True)\n"
+        "    time.sleep(600)\n")
+    session = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "-c", os.path.join(root, "pyproject.toml"), "--rootdir", str(tmp_path), "-p",
+         "conftest", str(tmp_path / "test_sleeper.py")],
+        cwd=root, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        start_new_session=True)
+    child = None
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(session.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 120
+        while child is None and time.monotonic() < deadline:
+            if not sel.select(timeout=deadline - time.monotonic()):
+                break
+            line = session.stdout.readline()
+            if not line:
+                break
+            if line.lstrip(".").startswith("{"):
+                child = json.loads(line.lstrip("."))["child"]
+        assert child is not None, "the test session did not start its child"
+        assert P.pid_alive(child)
+        watchdogs = [p.pid for p in psutil.process_iter(["cmdline"])
+                     if (p.info["cmdline"] or [])[1:4] == ["-m", "chexnet_utils.processes",
+                                                           str(session.pid)]]
+        assert len(watchdogs) == 1, "the session has no watchdog"
+        session.kill()
+        session.wait()
+        assert wait_pids_gone([child], timeout=20) == [], "the child outlived its pytest"
+        assert wait_pids_gone(watchdogs, timeout=20) == [], "the watchdog did not finish"
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
+        if child is not None and P.pid_alive(child):
+            os.kill(child, signal.SIGKILL)
