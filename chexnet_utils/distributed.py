@@ -343,8 +343,7 @@ class MPICluster:
         self._profile_dir: str | None = None
         self.profile_parent: str | None = None  # where the private profile folder is made
         self.start_seconds: float | None = None
-        self.exposure: str | None = None
-        """Who could reach the cluster's ``mpiexec`` listener (one line, set by :meth:`start`)."""
+        self.exposure: str | None = None  # who could reach mpiexec's listener (start())
         self.stop_seconds: float | None = None
         self._started_at: float | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -446,14 +445,9 @@ class MPICluster:
             self.stop()
             raise
         self.start_seconds = time.perf_counter() - t0
-        # mpiexec's out-of-band listener is on every interface whatever oob_tcp_if_include
-        # says (Open MPI 4.1, orte/mca/oob/tcp/oob_tcp_listener.c): say so where others could
-        # reach it (the notebooks print `cluster.exposure`; a shared host gets it on stderr).
-        from chexnet_utils.exposure import who_can_reach
+        from chexnet_utils.exposure import announce_reach  # mpiexec listens on every interface
 
-        self.exposure, shared = who_can_reach("mpiexec's out-of-band listener")
-        if shared:
-            print(f"[MPICluster] {self.exposure}", file=sys.stderr)
+        self.exposure = announce_reach("mpiexec's out-of-band listener", "[MPICluster]")
         return self
 
     def busy_engines(self) -> list[int]:
@@ -499,8 +493,6 @@ class MPICluster:
                   f"are gone. Start a new one to go on: cluster = MPICluster(n={n}).start()")
 
     def _say(self, line: str) -> None:
-        import sys
-
         self.last_interrupt = line
         print(f"[MPICluster] {line}", file=sys.stderr, flush=True)
 
@@ -637,14 +629,10 @@ class MPICluster:
     def _engines_alive(self) -> bool:
         if self.cluster is None:
             return False
-        import psutil
+        from chexnet_utils.processes import pid_alive  # a zombie counts as gone
 
-        for pid in self.engine_pids:
-            try:
-                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                    return False
-            except psutil.NoSuchProcess:
-                return False
+        if not all(pid_alive(pid) for pid in self.engine_pids):
+            return False
         return all(getattr(es, "running", True) for es in self.cluster.engines.values())
 
     def run(self, fn, *args, timeout: float | None = None, stream_rank0: bool = True,

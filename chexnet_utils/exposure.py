@@ -144,6 +144,17 @@ def who_can_reach(service: str) -> tuple[str, bool]:
             f"(docs/facilitator.md, 'Shared hosts')"), True
 
 
+def announce_reach(service: str, prefix: str) -> str:
+    """:func:`who_can_reach` for a listener that starts anyway (``mpiexec``'s out-of-band
+    listener is on every interface whatever ``oob_tcp_if_include`` says: Open MPI 4.1,
+    ``orte/mca/oob/tcp/oob_tcp_listener.c``): the line is returned, and printed on stderr
+    where other accounts could reach it."""
+    line, shared = who_can_reach(service)
+    if shared:
+        print(f"{prefix} {line}", file=sys.stderr, flush=True)
+    return line
+
+
 def require_private_network(service: str) -> str:
     """Check that an unauthenticated ``service`` started now is reachable by this account
     only; return why (one line, for the notebook to print), or raise

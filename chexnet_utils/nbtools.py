@@ -174,11 +174,14 @@ def write_stage_time(path: str | Path, stage: str, wall_seconds: float, workers:
 
 def read_stage_times(path: str | Path) -> dict[str, dict[str, float]]:
     """The stages :func:`write_stage_time` recorded in ``path`` (``{}`` when there is no such
-    file yet). A file that is not such a record raises ``ValueError`` naming it."""
+    file yet, or it is empty: ``mktemp`` made it). A file that is not such a record raises
+    ``ValueError`` naming it."""
     path = Path(path)
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        return {}
+    if not raw.strip():
         return {}
     try:
         stages = json.loads(raw)

@@ -16,8 +16,9 @@ selects by layer; ``slow`` keeps its meaning (more than a few seconds).
 
 ``make test`` runs ``tests/`` on two pytest-xdist workers (``--dist loadgroup``): most of a
 test's time here is spent waiting (engines registering, daemons starting, a hang timeout, a
-browser), so a second worker fills the waits. Tests that must not run beside each other are
-put in one :data:`XDIST_GROUPS` group each, which xdist runs on one worker, one after another.
+browser), so a second worker fills the waits. Each test file is a group of its own (its tests
+run on one worker, in order, sharing its module fixtures), and files that must not run beside
+each other share one :data:`XDIST_GROUPS` group.
 
 The data sets: :func:`tests.datasets.synthetic_tfrecords` makes one for given parameters;
 the fixtures below make each parameter set once per session, for the tests that share it
@@ -62,12 +63,15 @@ that two tests must not use at once."""
 
 
 def xdist_group_of(path: Path) -> str | None:
-    """The :data:`XDIST_GROUPS` group of a test file, or None (free to run anywhere)."""
+    """The pytest-xdist group of a test file: its :data:`XDIST_GROUPS` group, else the file
+    itself (a file's tests share its module fixtures, a cluster, a JupyterLab, a browser
+    session whose tests follow one another: one worker runs them all, in order). None for
+    what is not under ``tests/`` (the notebooks, which never run under xdist)."""
     try:
         rel = path.resolve().relative_to(_TESTS).as_posix()
     except ValueError:
         return None
-    return next((g for g, files in XDIST_GROUPS.items() if rel in files), None)
+    return next((g for g, files in XDIST_GROUPS.items() if rel in files), rel)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
