@@ -46,7 +46,7 @@ setup:
 TEST_WORKERS ?= 2
 test: setup
 	@times=$$(mktemp); trap 'rm -f "$$times"' EXIT; rc=0; \
-	CHEXNET_TEST_TIMES="$$times" "$(PY)" -m pytest tests -n $(TEST_WORKERS) --dist loadgroup \
+	CHEXNET_TEST_TIMES="$$times" "$(PY)" -m pytest tests -n $(TEST_WORKERS) --dist loadscope \
 	  --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	CHEXNET_TEST_TIMES="$$times" "$(PY)" -m pytest $(NOTEBOOKS) --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=0 $(PYTEST_ARGS) || rc=$$?; \

@@ -14,7 +14,7 @@ Each test is marked with its folder's name (``unit``, ``tf``, ``mpi``, ``noteboo
 the notebooks run by nbval (``make test``) with ``notebooks``, so ``pytest -m "not mpi"``
 selects by layer; ``slow`` keeps its meaning (more than a few seconds).
 
-``make test`` runs ``tests/`` on two pytest-xdist workers (``--dist loadgroup``): most of a
+``make test`` runs ``tests/`` on two pytest-xdist workers (``-n 2``): most of a
 test's time here is spent waiting (engines registering, daemons starting, a hang timeout, a
 browser), so a second worker fills the waits. Each test file is a group of its own (its tests
 run on one worker, in order, sharing its module fixtures), and files that must not run beside
@@ -74,18 +74,26 @@ def xdist_group_of(path: Path) -> str | None:
     return next((g for g, files in XDIST_GROUPS.items() if rel in files), rel)
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist's scope scheduler, with :func:`xdist_group_of` as the scope: a group's
+    tests go to one worker, in order. (xdist 3.8's own ``--dist loadgroup`` marks node ids
+    with ``@group``, which pytest 9.2 no longer lets a plugin change: it ignored the groups.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = Path(str(config.rootpath)) / nodeid.split("::", 1)[0]
+            return xdist_group_of(path) or nodeid.split("::", 1)[0]
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test with its layer (by path), so ``-m`` selects layers, and with its
-    pytest-xdist group (:data:`XDIST_GROUPS`), which ``--dist loadgroup`` keeps on one
-    worker."""
+    """Mark every test with its layer (by path), so ``-m`` selects layers."""
     for item in items:
-        path = Path(str(item.path))
-        layer = layer_of(path)
+        layer = layer_of(Path(str(item.path)))
         if layer is not None:
             item.add_marker(layer)
-        group = xdist_group_of(path)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 TfrecordsFactory = Callable[..., Path]
