@@ -122,8 +122,19 @@ def test_interrupt_stops_the_task_or_else_the_whole_cluster(tmp_path):
     (rank 1 in an MPI barrier that rank 0 left) makes it stop the cluster, every process
     gone, and say so."""
     import _thread
+    import signal
     import threading
 
+    # _thread.interrupt_main() does nothing where SIGINT is ignored (a pytest started in the
+    # background by a shell): Python's own handler, as in a kernel, for this test
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupts_on_a_cluster(tmp_path, _thread, threading)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupts_on_a_cluster(tmp_path, _thread, threading):  # noqa: ANN001
     with MPICluster(n=2, interrupt_timeout=4) as cluster:
         pids = cluster.pids()
         # a %%px-style task: execute, then the SIGINT that the magic sends
@@ -149,8 +160,8 @@ def test_interrupt_stops_the_task_or_else_the_whole_cluster(tmp_path):
         timer = threading.Thread(target=lambda: (_wait_for_files(tmp_path, 2),
                                                  _thread.interrupt_main()))
         timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            cluster.run(_sleep_after_handshake, str(tmp_path), 600)
+        with pytest.raises(KeyboardInterrupt):  # (timeout: a lost interrupt fails, not hangs)
+            cluster.run(_sleep_after_handshake, str(tmp_path), 600, timeout=120)
         timer.join()
         assert "ready for the next cell" in cluster.last_interrupt
         assert cluster.run(os.getpid) == cluster.engine_pids
