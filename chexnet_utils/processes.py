@@ -232,37 +232,41 @@ def stop_marked(token: str, exclude: Iterable[int] = (), grace: float = 3.0,
 
 
 def _read_lines(fd: int, pending: bytearray, on_death: list[list[str]] | None,
-                block: bool) -> bool:
+                block: bool) -> str:
     """Read what ``fd`` has (all of it unless ``block``: one read); add the ``on-death``
-    lines' commands to ``on_death``. True when the parent is done: ``done``, or closed."""
+    lines' commands to ``on_death``. Returns ``"done"`` when the parent said so,
+    ``"closed"`` when the pipe closed without it (the parent died), else ``""``."""
     import json
     import select
 
     while True:
         if not block and not select.select([fd], [], [], 0)[0]:
-            return False
+            return ""
         chunk = os.read(fd, 4096)
         if not chunk:
-            return True  # closed: done, or the parent died
+            return "closed"
         pending += chunk
         while b"\n" in pending:
             end = pending.index(b"\n")
             line = bytes(pending[:end])
             del pending[:end + 1]
             if not line.startswith(b"on-death "):
-                return True  # "done"
+                return "done"
             with contextlib.suppress(ValueError):
                 argv = json.loads(line[len(b"on-death "):])
                 if on_death is not None and isinstance(argv, list) and argv:
                     on_death.append([str(a) for a in argv])
         if block:
-            return False
+            return ""
 
 
-def _wait_for_parent_or_done(parent: int, on_death: list[list[str]] | None = None) -> None:
+def _wait_for_parent_or_done(parent: int, on_death: list[list[str]] | None = None) -> bool:
     """Block until the parent dies, or says ``done`` on our stdin (or closes it). A line
     ``on-death ["argv", ...]`` written before either adds a command to ``on_death`` (what
-    the pipe still holds when the parent has died is read too)."""
+    the pipe still holds when the parent has died is read too). True when the parent said
+    ``done``; False when it died. A pipe closed without ``done`` counts as a death: a dying
+    process closes its files before it becomes a zombie, so at that moment it may still look
+    alive (a race that once skipped a Slurm job's ``scancel``)."""
     import select
 
     stdin = sys.stdin.fileno()
@@ -274,17 +278,17 @@ def _wait_for_parent_or_done(parent: int, on_death: list[list[str]] | None = Non
             pidfd = os.pidfd_open(parent)
             watched.append(pidfd)
         except ProcessLookupError:  # already gone
-            _read_lines(stdin, pending, on_death, block=False)
-            return
+            return _read_lines(stdin, pending, on_death, block=False) == "done"
         except OSError:
             pidfd = None
     while True:
         ready, _, _ = select.select(watched, [], [], None if pidfd is not None else 0.5)
-        if stdin in ready and _read_lines(stdin, pending, on_death, block=True):
-            return
+        if stdin in ready:
+            state = _read_lines(stdin, pending, on_death, block=True)
+            if state:
+                return state == "done"
         if (pidfd is not None and pidfd in ready) or (pidfd is None and not pid_alive(parent)):
-            _read_lines(stdin, pending, on_death, block=False)
-            return
+            return _read_lines(stdin, pending, on_death, block=False) == "done"
 
 
 def watchdog_main(argv: list[str] | None = None) -> int:
@@ -296,8 +300,7 @@ def watchdog_main(argv: list[str] | None = None) -> int:
     parent, token = int(args[0]), args[1]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the command, not for us
     on_death: list[list[str]] = []
-    _wait_for_parent_or_done(parent, on_death)
-    died = not pid_alive(parent)
+    died = not _wait_for_parent_or_done(parent, on_death)
     if died:
         for command in on_death:  # what no signal reaches: a Slurm job (scancel)
             with contextlib.suppress(OSError, subprocess.SubprocessError):

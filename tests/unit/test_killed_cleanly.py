@@ -179,10 +179,13 @@ def test_wait_pids_gone_returns_the_survivors_and_counts_exited_children_as_gone
     assert wait_pids_gone([slow.pid], timeout=5) == []
 
 
-@pytest.mark.parametrize("end", ["killed", "released"])
+@pytest.mark.parametrize("end", ["killed", "released", "closed"])
 def test_watchdog_runs_its_on_death_commands_only_when_the_parent_dies(tmp_path, end):
     """What no signal reaches (a Slurm job: scancel) is handed to the watchdog as a command
-    (issue 27): run after SIGKILL of the parent, not after a normal release."""
+    (issue 27): run after SIGKILL of the parent, not after a normal release. ``closed``: the
+    pipe closes without ``done`` while the parent still looks alive, which is what a dying
+    parent looks like for a moment (it closes its files before it is a zombie; CI once lost
+    the race, and the Slurm job ended FAILED instead of CANCELLED): that is a death too."""
     import time
 
     flag = tmp_path / "ran"
@@ -195,6 +198,9 @@ def test_watchdog_runs_its_on_death_commands_only_when_the_parent_dies(tmp_path,
             f"if {end == 'released'}:\n"
             "    P.release_watchdog(w)\n"
             "    print('released', flush=True)\n"
+            f"if {end == 'closed'}:\n"
+            "    w.stdin.close()\n"
+            "    print('closed', flush=True)\n"
             "time.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -202,11 +208,15 @@ def test_watchdog_runs_its_on_death_commands_only_when_the_parent_dies(tmp_path,
         if end == "released":
             assert parent.stdout.readline().strip() == "released"
             assert P.wait_pids_gone([watchdog], timeout=10) == []
+        if end == "closed":
+            assert parent.stdout.readline().strip() == "closed"
+            assert P.wait_pids_gone([watchdog], timeout=20) == []
+            assert parent.poll() is None and flag.exists()
         parent.kill()
         parent.wait()
         assert P.wait_pids_gone([watchdog], timeout=20) == []
         time.sleep(0.2)
-        assert flag.exists() is (end == "killed")
+        assert flag.exists() is (end != "released")
     finally:
         if parent.poll() is None:
             parent.kill()
