@@ -1,7 +1,8 @@
 # chexnet-at-scale: `make tutorial` runs everything, `make test` checks everything.
 SHELL := /bin/bash
-PY_VERSION := $(shell sed -n 's/^ *- python=\([0-9.]*\).*/\1/p' environment.yml)
-PYTHON ?= python$(PY_VERSION)
+# PYTHON: the interpreter `make setup` makes the venv with; unset, it takes the newest
+# python3.13/3.12/3.11/3.10/python3 on PATH that TensorFlow supports (scripts/python_choice.sh).
+PYTHON ?=
 VENV ?= .venv
 ifeq ($(CONDA),1)
   PY := $(CONDA_PREFIX)/bin/python
@@ -31,6 +32,7 @@ help:
 	@echo "make nonroot-check  (root) unit tests, notebook 00 and an engine cluster as a new normal user beside another account"
 	@echo "make gpu-build-check  the GPU stack (CUDA TensorFlow, Horovod + NCCL) built in .venv-gpu and checked, no GPU needed"
 	@echo "make setup GPU=1  the GPU build in .venv (automatic where nvidia-smi -L lists GPUs)"
+	@echo "make setup PYTHON=python3.12  the venv made with that Python (3.10-3.13; default: the newest on PATH)"
 
 setup:
 	@bash scripts/setup.sh
@@ -117,7 +119,7 @@ clean:
 	rm -rf "$(BUILD)" .pytest_cache
 
 distclean: clean
-	rm -rf "$(VENV)" .venv-gpu data/synthetic-*
+	rm -rf "$(VENV)" .venv-gpu .venv-py3* data/synthetic-*
 
 # A real Slurm on this machine (chexnet_utils/slurm_local.py; needs root and slurm-wlm +
 # munge, which `make setup` installs as root): munged, slurmctld and slurmd (clients and node

@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # make setup: everything the notebooks and tests need, from nothing, idempotently.
+#   0. the Python (scripts/python_choice.sh): PYTHON if set, else the newest python3.13 ..
+#      python3.10 / python3 on PATH that TensorFlow 2.21 supports (3.10-3.13); none: one message
+#      naming the versions and this distribution's package, nothing installed. An existing
+#      environment keeps the Python it was made with ($VENV/.chexnet-python records it): another
+#      PYTHON for it stops with a message instead of mixing two Pythons
 #   1. the system packages it needs (scripts/system_packages.sh: venv module, g++, Open MPI,
 #      Chromium for the browser test, Slurm + munge for the one-machine Slurm), with apt-get
 #      as root, else it prints the apt-get line
@@ -10,7 +15,7 @@
 #      under $CHEXNET_CACHE keyed by Horovod, patches, TensorFlow, Python, MPI (and CUDA, NCCL)
 #   4. chexnet_utils (editable), a Jupyter kernel, ipyparallel's JupyterLab extension,
 #      and a loud capability check
-# Environment: VENV (default .venv), PYTHON (interpreter to create it with), CONDA=1 to use
+# Environment: VENV (default .venv), PYTHON (interpreter to create it with; default: step 0), CONDA=1 to use
 # the active conda env instead of a venv, HOROVOD_REBUILD=1 to ignore the wheel cache,
 # SETUP_SLURM=0 to leave out slurm-wlm and munge,
 # GPU=1 for the GPU build (tensorflow[and-cuda], Horovod with NCCL; the nvcc it compiles with
@@ -20,12 +25,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=${VENV:-.venv}
-PYTHON=${PYTHON:-python3.11}
+PYTHON=${PYTHON:-}
 CACHE=${CHEXNET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chexnet-at-scale}
 KERNEL_NAME=${KERNEL_NAME:-chexnet-at-scale}
 KERNEL_DISPLAY=${KERNEL_DISPLAY:-Python ($KERNEL_NAME)}
 KERNEL_USER=${KERNEL_USER:-1}   # 0: register the kernel only inside the environment
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; exit 1; }
 t0=$(date +%s)
 GPU=${GPU:-auto}
 if [ "$GPU" = auto ]; then
@@ -41,29 +47,61 @@ case "$GPU" in
   *) echo "GPU must be 0, 1 or auto, not '$GPU'" >&2; exit 2 ;;
 esac
 
-# 1. System packages: the table in scripts/system_packages.sh (the venv module for $PYTHON, g++,
-#    Open MPI, Chromium), installed with apt-get as root, else the exact apt-get line and a stop.
-#    The venv module is needed only when the venv is still to be made.
-needs_venv=1
-if [ "${CONDA:-0}" = 1 ] || [ -x "$VENV/bin/python" ]; then needs_venv=0; fi
+# 0. Which Python (scripts/python_choice.sh prints NAME<TAB>PATH<TAB>VERSION, or says why none).
+#    A venv records the one that made it in $VENV/.chexnet-python (same format); a venv made
+#    before that record existed is described by its pyvenv.cfg.
+py_xy() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
+case "$VENV" in /*) VENV_PY="$VENV/bin/python" ;; *) VENV_PY="$ROOT/$VENV/bin/python" ;; esac
+needs_venv=0
+if [ "${CONDA:-0}" = 1 ]; then
+  [ -n "${CONDA_PREFIX:-}" ] || die "CONDA=1 but no conda env is active"
+  PY="$CONDA_PREFIX/bin/python"
+  PYTHON="$PY" bash scripts/python_choice.sh >/dev/null || exit 1
+  SYS_PYTHON=$PY
+elif [ -x "$VENV_PY" ]; then
+  made_with=$(cat "$VENV/.chexnet-python" 2>/dev/null | tr '\t' ' ' ||
+              sed -n 's/^ *\(home\|version\) *= *//p' "$VENV/pyvenv.cfg" 2>/dev/null | tr '\n' ' ')
+  venv_xy=$(py_xy "$VENV_PY") || die "$VENV/bin/python does not run (its Python was removed?):" \
+    "remove $VENV (rm -rf $VENV) and make setup again"
+  if [ -n "$PYTHON" ]; then
+    choice=$(bash scripts/python_choice.sh) || exit 1
+    IFS=$'\t' read -r _ chosen_path chosen_version <<<"$choice"
+    if [ "${chosen_version%.*}" != "$venv_xy" ]; then
+      die "$VENV was made with Python $venv_xy (${made_with% }); PYTHON=$PYTHON is Python" \
+          "$chosen_version ($chosen_path). setup does not mix two Pythons in one environment:" \
+          "use another folder (make setup PYTHON=$PYTHON VENV=.venv-py${chosen_version%.*}), or remove" \
+          "this one first (rm -rf $VENV) to make it again with $PYTHON."
+    fi
+  fi
+  PYTHON="$VENV_PY" bash scripts/python_choice.sh >/dev/null ||
+    die "$VENV was made with a Python setup no longer supports (above): remove it (rm -rf $VENV)"
+  say "using $VENV: Python $venv_xy, made with ${made_with% }"
+  PY=$VENV_PY
+  SYS_PYTHON=$VENV_PY
+else
+  choice=$(bash scripts/python_choice.sh) || exit 1
+  IFS=$'\t' read -r chosen_name chosen_path chosen_version <<<"$choice"
+  say "Python: $chosen_name ($chosen_path, $chosen_version)${PYTHON:+, from PYTHON}"
+  needs_venv=1
+  SYS_PYTHON=$chosen_name
+fi
+
+# 1. System packages: the table in scripts/system_packages.sh (the venv module for that Python,
+#    g++, Open MPI, Chromium), installed with apt-get as root, else the exact apt-get line and a
+#    stop. The venv module is needed only when the venv is still to be made.
 #    With them (optional, SETUP_SLURM=0 skips): slurm-wlm and munge for the one-machine Slurm
 #    (chexnet_utils.slurm_local: make slurm, tests/mpi/test_slurm.py, which skip without them).
-PYTHON="$PYTHON" SETUP_NEEDS_VENV=$needs_venv SETUP_SLURM=${SETUP_SLURM:-1} \
+PYTHON="$SYS_PYTHON" SETUP_NEEDS_VENV=$needs_venv SETUP_SLURM=${SETUP_SLURM:-1} \
   bash scripts/system_packages.sh
 MPI_VERSION=$(mpirun --version 2>/dev/null | head -n1 | sed 's/[^0-9.]*\([0-9][0-9.]*\).*/\1/')
 say "MPI: $(mpirun --version 2>/dev/null | head -n1)"
 
 # 2. Python environment ----------------------------------------------------------------
-if [ "${CONDA:-0}" = 1 ]; then
-  [ -n "${CONDA_PREFIX:-}" ] || { echo "CONDA=1 but no conda env is active" >&2; exit 1; }
-  PY="$CONDA_PREFIX/bin/python"
-else
-  if [ ! -x "$VENV/bin/python" ]; then
-    command -v "$PYTHON" >/dev/null || { echo "$PYTHON not found; set PYTHON=/path/to/python3.11" >&2; exit 1; }
-    say "creating $VENV with $PYTHON"
-    "$PYTHON" -m venv "$VENV"
-  fi
-  case "$VENV" in /*) PY="$VENV/bin/python" ;; *) PY="$ROOT/$VENV/bin/python" ;; esac
+if [ "$needs_venv" = 1 ]; then
+  say "creating $VENV with $chosen_name"
+  "$chosen_path" -m venv "$VENV"
+  printf '%s\t%s\t%s\n' "$chosen_name" "$chosen_path" "$chosen_version" > "$VENV/.chexnet-python"
+  PY=$VENV_PY
 fi
 PIP=("$PY" -m pip --disable-pip-version-check)
 stamp_dir=$("$PY" -c 'import sys; print(sys.prefix)')
@@ -147,8 +185,8 @@ explain_build_log() {   # name the system package behind a known build failure i
          "Run: sudo apt-get install -y libopenmpi-dev" >&2
   fi
   if grep -q 'Python.h: No such file' "$1"; then
-    echo "Python's headers (package ${PYTHON##*/}-dev) are missing." \
-         "Run: sudo apt-get install -y ${PYTHON##*/}-dev" >&2
+    echo "Python's headers (package python$(py_xy "$PY")-dev) are missing." \
+         "Run: sudo apt-get install -y python$(py_xy "$PY")-dev" >&2
   fi
 }
 # The toolchain a Horovod build needs (cmake, a C++ compiler, MPI), proven in a few seconds
