@@ -18,7 +18,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench fresh-check nonroot-check gpu-build-check clean distclean
+.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench fresh-check nonroot-check gpu-build-check lock clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
@@ -33,6 +33,7 @@ help:
 	@echo "make gpu-build-check  the GPU stack (CUDA TensorFlow, Horovod + NCCL) built in .venv-gpu and checked, no GPU needed"
 	@echo "make setup GPU=1  the GPU build in .venv (automatic where nvidia-smi -L lists GPUs)"
 	@echo "make setup PYTHON=python3.12  the venv made with that Python (3.10-3.13; default: the newest on PATH)"
+	@echo "make lock       rewrite requirements/lock/ (hash-locked pins) for every supported Python"
 
 setup:
 	@bash scripts/setup.sh
@@ -99,6 +100,14 @@ browser-check: setup
 # FRESH_KEEP=1 keeps the root). Needs root; CI runs it after make test.
 fresh-check:
 	@bash scripts/fresh_check.sh
+
+# requirements/lock/py3XX-{cpu,gpu,no-deps}.txt from the pins in requirements/*.txt, for every
+# Python setup accepts, with the sha256 of each file the package indexes serve
+# (scripts/lock_requirements.py; interpreters: pythonX.Y on PATH, else pyenv's, or
+# LOCK_ARGS="--python 3.10=/path/to/python3.10 ..."). Run it after changing a pin.
+LOCK_ARGS ?=
+lock:
+	python3 scripts/lock_requirements.py $(LOCK_ARGS)
 
 # The package as a normal user on a multi-user host (#30; needs root, CI runs it after
 # make test): a learner account and another account holding an Open MPI shared-memory

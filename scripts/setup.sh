@@ -8,11 +8,16 @@
 #   1. the system packages it needs (scripts/system_packages.sh: venv module, g++, Open MPI,
 #      Chromium for the browser test, Slurm + munge for the one-machine Slurm), with apt-get
 #      as root, else it prints the apt-get line
-#   2. a virtual environment with the pinned stack (requirements/base.txt) and TensorFlow:
-#      requirements/tf-cpu.txt, or requirements/gpu.txt on a GPU node (same version, with CUDA)
-#   3. Horovod built from its PyPI sdist, patched by patches/horovod-<version>/*.patch, with
-#      MPI + Gloo (+ NCCL and CUDA on a GPU node) against that TensorFlow, the wheel cached
-#      under $CHEXNET_CACHE keyed by Horovod, patches, TensorFlow, Python, MPI (and CUDA, NCCL)
+#   2. a virtual environment with the pinned stack, hash-locked: requirements/lock/py3XX-cpu.txt
+#      (made by `make lock` from requirements/base.txt, build.txt, tf-cpu.txt) or py3XX-gpu.txt
+#      on a GPU node (gpu.txt: the same TensorFlow with CUDA), installed with
+#      pip install --require-hashes (a file whose sha256 is not in the lock is refused)
+#   3. Horovod built from its PyPI sdist (checked against PyPI's sha256 in
+#      requirements/horovod.txt before it is unpacked), patched by
+#      patches/horovod-<version>/*.patch, with MPI + Gloo (+ NCCL and CUDA on a GPU node)
+#      against that TensorFlow, the wheel cached under $CHEXNET_CACHE keyed by Horovod,
+#      patches, TensorFlow, Python, MPI (and CUDA, NCCL), with a digest file written next to it
+#      at build time and checked before every install (scripts/digests.sh)
 #   4. chexnet_utils (editable), a Jupyter kernel, ipyparallel's JupyterLab extension,
 #      and a loud capability check
 # Environment: VENV (default .venv), PYTHON (interpreter to create it with; default: step 0), CONDA=1 to use
@@ -42,8 +47,7 @@ if [ "$GPU" = auto ]; then
   fi
 fi
 case "$GPU" in
-  0) TF_REQ=requirements/tf-cpu.txt ;;
-  1) TF_REQ=requirements/gpu.txt ;;
+  0|1) ;;
   *) echo "GPU must be 0, 1 or auto, not '$GPU'" >&2; exit 2 ;;
 esac
 
@@ -105,11 +109,17 @@ if [ "$needs_venv" = 1 ]; then
 fi
 PIP=("$PY" -m pip --disable-pip-version-check)
 stamp_dir=$("$PY" -c 'import sys; print(sys.prefix)')
-req_hash=$(cat requirements/base.txt requirements/build.txt requirements/no-deps.txt "$TF_REQ" |
-  sha256sum | cut -c1-16)
+# The lock for this Python and build (`make lock` writes them from the pins; scripts/lock_requirements.py)
+PY_LOCK=py$(py_xy "$PY" | tr -d .)
+flavour=cpu; [ "$GPU" = 1 ] && flavour=gpu
+LOCK=requirements/lock/$PY_LOCK-$flavour.txt
+LOCK_NODEPS=requirements/lock/$PY_LOCK-no-deps.txt
+for f in "$LOCK" "$LOCK_NODEPS"; do
+  [ -f "$f" ] || die "no lock $f for Python $(py_xy "$PY"): make lock writes it from requirements/*.txt"
+done
+req_hash=$(cat "$LOCK" "$LOCK_NODEPS" | sha256sum | cut -c1-16)
 if [ ! -f "$stamp_dir/.chexnet-req-$req_hash" ]; then
-  say "installing the pinned stack (requirements/base.txt, $TF_REQ)"
-  "${PIP[@]}" install -q -r requirements/build.txt
+  say "installing the pinned stack, hash-locked ($LOCK, $LOCK_NODEPS)"
   # tensorflow-cpu and tensorflow (the CUDA build) install the same files: the other flavour
   # goes first, so switching GPU=0 <-> GPU=1 in one environment leaves no half of either.
   other_tf=tensorflow; [ "$GPU" = 1 ] && other_tf=tensorflow-cpu
@@ -118,17 +128,22 @@ if [ ! -f "$stamp_dir/.chexnet-req-$req_hash" ]; then
     "${PIP[@]}" uninstall -q -y "$other_tf"
     rm -f "$stamp_dir/.chexnet-horovod-built-for"
   fi
-  "${PIP[@]}" install -q -r requirements/base.txt -r "$TF_REQ"
-  "${PIP[@]}" install -q --no-deps -r requirements/no-deps.txt  # see that file
+  # every file's sha256 must be in the lock; wheels only (an sdist's build dependencies would
+  # be fetched unchecked)
+  "${PIP[@]}" install -q --require-hashes --only-binary :all: -r "$LOCK"
+  "${PIP[@]}" install -q --require-hashes --only-binary :all: --no-deps -r "$LOCK_NODEPS"  # see requirements/no-deps.txt
   rm -f "$stamp_dir"/.chexnet-req-*
   touch "$stamp_dir/.chexnet-req-$req_hash"
 else
-  say "pinned stack already installed"
+  say "pinned stack already installed ($LOCK)"
 fi
 
 # 3. Horovod ---------------------------------------------------------------------------
-HVD_SPEC=$(grep -E '^horovod==' requirements/horovod.txt)
+# requirements/horovod.txt: "horovod==<version> --hash=sha256:<PyPI's digest of the sdist>"
+read -r HVD_SPEC HVD_HASH < <(grep -E '^horovod==' requirements/horovod.txt)
 HVD_VERSION=${HVD_SPEC#horovod==}
+HVD_SHA256=${HVD_HASH#--hash=sha256:}
+[[ $HVD_SHA256 =~ ^[0-9a-f]{64}$ ]] || die "requirements/horovod.txt: no --hash=sha256:<digest> after $HVD_SPEC"
 TF_VERSION=$("$PY" - <<'PY'
 import importlib.metadata as m
 for name in ("tensorflow-cpu", "tensorflow", "tensorflow-gpu"):
@@ -208,17 +223,20 @@ check_build_toolchain() {
   fi
   rm -rf "$dir"
 }
-# Horovod's sdist from the package index (pip download: no other source of code), unpacked in
-# $1 and patched with every patches/horovod-<version>/*.patch in name order.
+# Horovod's sdist from the package index (pip download: no other source of code; pip checks it
+# against requirements/horovod.txt's hash), checked again against that digest before it is
+# unpacked in $1 (the cached copy too: scripts/digests.sh), and patched with every
+# patches/horovod-<version>/*.patch in name order.
 fetch_patched_sdist() {
   local dest=$1 sdist_dir="$CACHE/sdist" tarball p
   tarball="$sdist_dir/horovod-$HVD_VERSION.tar.gz"
   if [ ! -f "$tarball" ]; then
     mkdir -p "$sdist_dir"
-    "${PIP[@]}" download -q --no-deps --no-binary :all: -d "$sdist_dir" "$HVD_SPEC" ||
-      { echo "could not download Horovod's source ($HVD_SPEC) from the package index" >&2; exit 1; }
+    "${PIP[@]}" download -q --no-deps --no-binary :all: --require-hashes -d "$sdist_dir" \
+      -r requirements/horovod.txt ||
+      die "could not download Horovod's source ($HVD_SPEC, sha256 $HVD_SHA256) from the package index"
   fi
-  tar -xzf "$tarball" -C "$dest"
+  bash scripts/digests.sh unpack-sdist "$tarball" "$HVD_SHA256" "$dest" || exit 1
   for p in "${PATCHES[@]}"; do
     # GIT_CEILING_DIRECTORIES: git apply acts on the folder itself, never on an enclosing repo
     if ! (cd "$dest/horovod-$HVD_VERSION" && GIT_CEILING_DIRECTORIES="$dest" git apply -p1 "$ROOT/$p"); then
@@ -226,6 +244,16 @@ fetch_patched_sdist() {
     fi
     say "applied $p"
   done
+}
+# A cached wheel is used only with its digest file (written at build time, scripts/digests.sh):
+# 0 verified, 1 refused (the reason is printed: setup stops), 2 no digest (an entry made
+# before digests were written: built again).
+cached_wheel_state() {
+  local whl rc=0
+  whl=$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n1)
+  [ -n "$whl" ] || { echo none; return; }
+  bash scripts/digests.sh verify-wheel "$whl" >&2 || rc=$?
+  case "$rc" in 0) echo ok ;; 2) echo undigested ;; *) echo refused ;; esac
 }
 # An installed Horovod is only reused if it was built against this TensorFlow.
 built_for=$(cat "$stamp_dir/.chexnet-horovod-built-for" 2>/dev/null || true)
@@ -235,7 +263,12 @@ else
   check_build_toolchain
   say "build toolchain for Horovod: $("$BIN_DIR/cmake" --version | head -n1), C++ compiler and MPI found"
   if [ "${HOROVOD_REBUILD:-0}" = 1 ]; then rm -rf "$WHEEL_DIR"; fi
-  if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+  state=$(cached_wheel_state)
+  [ "$state" != refused ] || exit 1
+  if [ "$state" = undigested ]; then
+    say "the cached wheel in $WHEEL_DIR has no digest file: building it again"
+  fi
+  if [ "$state" != ok ]; then
     say "building Horovod $HVD_VERSION against TensorFlow $TF_VERSION (about 3-5 minutes on 2 cores)"
     tb=$(date +%s)
     rm -rf "$WHEEL_DIR.tmp"; mkdir -p "$WHEEL_DIR.tmp"
@@ -254,13 +287,14 @@ else
       echo "Horovod's build failed (last lines above; the whole output: $build_log)" >&2
       exit 1
     fi
+    bash scripts/digests.sh seal-wheel "$(ls "$WHEEL_DIR.tmp"/horovod-*.whl)"
     rm -rf "$WHEEL_DIR" "$src_root" && mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"
     trap - EXIT
-    say "Horovod built in $(( $(date +%s) - tb )) s; wheel cached in $WHEEL_DIR (build output: $build_log)"
+    say "Horovod built in $(( $(date +%s) - tb )) s; wheel and its sha256 cached in $WHEEL_DIR (build output: $build_log)"
   else
-    say "using cached Horovod wheel from $WHEEL_DIR"
+    say "using cached Horovod wheel from $WHEEL_DIR (sha256 verified)"
   fi
-  "${PIP[@]}" install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
+  bash scripts/digests.sh install-wheel "$(ls "$WHEEL_DIR"/horovod-*.whl)" "$PY" || exit 1
   echo "$WHEEL_DIR" > "$stamp_dir/.chexnet-horovod-built-for"
 fi
 

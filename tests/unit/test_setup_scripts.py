@@ -72,7 +72,7 @@ def fake(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["setup.sh", "system_packages.sh", "fresh_check.sh",
-                                    "python_choice.sh"])
+                                    "python_choice.sh", "digests.sh"])
 def test_scripts_parse(script):
     proc = subprocess.run([BASH, "-n", str(SCRIPTS / script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
