@@ -72,7 +72,7 @@ def fake(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["setup.sh", "system_packages.sh", "fresh_check.sh",
-                                    "python_choice.sh", "digests.sh"])
+                                    "python_choice.sh", "digests.sh", "python_matrix.sh"])
 def test_scripts_parse(script):
     proc = subprocess.run([BASH, "-n", str(SCRIPTS / script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -207,11 +207,21 @@ def test_ci_runs_fresh_check_after_the_tests():
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     stages = [(i, line) for i, line in enumerate(lines) if line.startswith("stage ")]
     first = {cmd: next(i for i, line in stages if cmd in line)
-             for cmd in ("make test ", "make fresh-check")}
-    assert first["make test "] < first["make fresh-check"]
+             for cmd in ("make test ", "make fresh-check SUITE=bookworm",
+                         "make fresh-check SUITE=trixie")}
+    # Debian 12 first, then Debian 13 (issue 26)
+    assert first["make test "] < first["make fresh-check SUITE=bookworm"] \
+        < first["make fresh-check SUITE=trixie"]
     assert any("make nonroot-check" in line for _, line in stages)
     assert any("make gpu-build-check" in line for _, line in stages)
     assert "fresh-check:" in (ROOT / "Makefile").read_text()
+
+
+def test_fresh_check_takes_only_the_two_debian_releases():
+    proc = subprocess.run([BASH, str(SCRIPTS / "fresh_check.sh")], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "SUITE": "sid"})
+    assert proc.returncode == 2
+    assert "SUITE must be bookworm (Debian 12) or trixie (Debian 13), not sid" in proc.stderr
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="as root it would really start")
