@@ -273,7 +273,10 @@ else
     tb=$(date +%s)
     rm -rf "$WHEEL_DIR.tmp"; mkdir -p "$WHEEL_DIR.tmp"
     build_log="$stamp_dir/horovod-build.log"
-    src_root=$(mktemp -d)
+    # unpacked inside the environment, not in the shared /tmp: on a shared machine a source
+    # file once vanished from a /tmp build mid-compile (horovod/common/common.cc, "No rule to
+    # make target"), and the sources keep the sdist's 2023 mtimes, which age-based cleaners take
+    src_root=$(mktemp -d "$stamp_dir/horovod-src.XXXXXX")
     trap 'rm -rf "$src_root"' EXIT
     fetch_patched_sdist "$src_root"
     if ! PATH="$BIN_DIR:$PATH" HOROVOD_CMAKE="$BIN_DIR/cmake" \
