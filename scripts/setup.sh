@@ -286,6 +286,11 @@ else
       "${PIP[@]}" wheel --no-deps --no-build-isolation --no-cache-dir -w "$WHEEL_DIR.tmp" \
       "$src_root/horovod-$HVD_VERSION" >"$build_log" 2>&1; then
       grep -v '^WARNING: Location' "$build_log" | tail -n 40 >&2
+      # the compiler's own errors come long before pip's traceback at the end
+      if grep -q -E ': (fatal )?error: |No rule to make target' "$build_log"; then
+        echo "the build's first errors:" >&2
+        grep -E -m 12 ': (fatal )?error: |No rule to make target' "$build_log" | cut -c1-400 >&2
+      fi
       explain_build_log "$build_log"
       echo "Horovod's build failed (last lines above; the whole output: $build_log)" >&2
       exit 1
