@@ -273,9 +273,9 @@ else
     tb=$(date +%s)
     rm -rf "$WHEEL_DIR.tmp"; mkdir -p "$WHEEL_DIR.tmp"
     build_log="$stamp_dir/horovod-build.log"
-    # unpacked inside the environment, not in the shared /tmp: on a shared machine a source
-    # file once vanished from a /tmp build mid-compile (horovod/common/common.cc, "No rule to
-    # make target"), and the sources keep the sdist's 2023 mtimes, which age-based cleaners take
+    # unpacked inside the environment, not in the shared /tmp: on this shared machine another
+    # job removed unpacked horovod-0.28.1 folders under /tmp, once mid-compile ("No rule to
+    # make target .../horovod/common/common.cc"); the environment is this checkout's own
     src_root=$(mktemp -d "$stamp_dir/horovod-src.XXXXXX")
     trap 'rm -rf "$src_root"' EXIT
     fetch_patched_sdist "$src_root"
