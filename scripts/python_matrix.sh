@@ -38,7 +38,7 @@ run_step() {   # run_step VERSION STEP LOG COMMAND...: times it, records PASS/FA
   local v=$1 step=$2 log=$3 t rc=0; shift 3
   say "== Python $v: $step"
   t=$(date +%s)
-  "$@" 2>&1 | tee "$log" | grep -E --line-buffered '^\S*\[setup\]|passed|failed|error|Error' | tail -n 20
+  "$@" 2>&1 | tee "$log" | grep -E --line-buffered '^\S*\[setup\]|passed|failed|error|Error'   # (as it comes)
   rc=${PIPESTATUS[0]}
   record "$v" "$step" "$(( $(date +%s) - t ))" "$([ "$rc" = 0 ] && echo PASS || echo "FAIL (exit $rc; $log)")"
   return "$rc"
