@@ -63,8 +63,11 @@ if [ "${CONDA:-0}" = 1 ]; then
   PYTHON="$PY" bash scripts/python_choice.sh >/dev/null || exit 1
   SYS_PYTHON=$PY
 elif [ -x "$VENV_PY" ]; then
-  made_with=$(cat "$VENV/.chexnet-python" 2>/dev/null | tr '\t' ' ' ||
-              sed -n 's/^ *\(home\|version\) *= *//p' "$VENV/pyvenv.cfg" 2>/dev/null | tr '\n' ' ')
+  if IFS=$'\t' read -r rec_name rec_path rec_version < "$VENV/.chexnet-python" 2>/dev/null; then
+    made_with="$rec_name ($([ "$rec_name" = "$rec_path" ] || printf '%s, ' "$rec_path")$rec_version)"
+  else   # a venv made before the record: what its pyvenv.cfg says
+    made_with=$(sed -n 's/^ *\(home\|version\) *= *//p' "$VENV/pyvenv.cfg" 2>/dev/null | tr '\n' ' ')
+  fi
   venv_xy=$(py_xy "$VENV_PY") || die "$VENV/bin/python does not run (its Python was removed?):" \
     "remove $VENV (rm -rf $VENV) and make setup again"
   if [ -n "$PYTHON" ]; then
@@ -73,7 +76,7 @@ elif [ -x "$VENV_PY" ]; then
     if [ "${chosen_version%.*}" != "$venv_xy" ]; then
       die "$VENV was made with Python $venv_xy (${made_with% }); PYTHON=$PYTHON is Python" \
           "$chosen_version ($chosen_path). setup does not mix two Pythons in one environment:" \
-          "use another folder (make setup PYTHON=$PYTHON VENV=.venv-py${chosen_version%.*}), or remove" \
+          "use another folder (make setup PYTHON=$PYTHON VENV=.venv-py$(tr -d . <<<"${chosen_version%.*}")), or remove" \
           "this one first (rm -rf $VENV) to make it again with $PYTHON."
     fi
   fi

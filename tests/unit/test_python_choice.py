@@ -173,8 +173,8 @@ def test_setup_refuses_to_mix_a_second_python_into_an_environment(system, tmp_pa
     proc, apt_log = _setup(system, tmp_path, venv, PYTHON="python3.13")
     err = ANSI.sub("", proc.stderr)
     assert proc.returncode == 1
-    assert (f"{venv} was made with Python 3.11 (python3.11 /usr/bin/python3.11 3.11.2); "
+    assert (f"{venv} was made with Python 3.11 (python3.11 (/usr/bin/python3.11, 3.11.2)); "
             "PYTHON=python3.13 is Python 3.13.5") in err
     assert "setup does not mix two Pythons in one environment" in err
-    assert "VENV=.venv-py3.13" in err
+    assert "VENV=.venv-py313" in err
     assert sorted(p.name for p in venv.rglob("*")) == before and not apt_log.exists()
