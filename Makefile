@@ -1,7 +1,8 @@
 # chexnet-at-scale: `make tutorial` runs everything, `make test` checks everything.
 SHELL := /bin/bash
-PY_VERSION := $(shell sed -n 's/^ *- python=\([0-9.]*\).*/\1/p' environment.yml)
-PYTHON ?= python$(PY_VERSION)
+# PYTHON: the interpreter `make setup` makes the venv with; unset, it takes the newest
+# python3.13/3.12/3.11/3.10/python3 on PATH that TensorFlow supports (scripts/python_choice.sh).
+PYTHON ?=
 VENV ?= .venv
 ifeq ($(CONDA),1)
   PY := $(CONDA_PREFIX)/bin/python
@@ -17,7 +18,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench fresh-check nonroot-check gpu-build-check clean distclean
+.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench fresh-check nonroot-check gpu-build-check lock python-matrix clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
@@ -27,10 +28,13 @@ help:
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
 	@echo "make bench      conversion, old vs new pipeline, tf.data service, Horovod scaling -> $(BUILD)/bench-*.json"
-	@echo "make fresh-check  (root) make setup + notebook 00 in a bare Debian 12 chroot, then removed"
+	@echo "make fresh-check  (root) make setup + notebook 00 in a bare Debian chroot, then removed (SUITE=bookworm|trixie)"
 	@echo "make nonroot-check  (root) unit tests, notebook 00 and an engine cluster as a new normal user beside another account"
 	@echo "make gpu-build-check  the GPU stack (CUDA TensorFlow, Horovod + NCCL) built in .venv-gpu and checked, no GPU needed"
 	@echo "make setup GPU=1  the GPU build in .venv (automatic where nvidia-smi -L lists GPUs)"
+	@echo "make setup PYTHON=python3.12  the venv made with that Python (3.10-3.13; default: the newest on PATH)"
+	@echo "make lock       rewrite requirements/lock/ (hash-locked pins) for every supported Python"
+	@echo "make python-matrix  setup, horovodrun --check-build, unit + tf layers, notebook 00 with Python 3.10, 3.12, 3.13"
 
 setup:
 	@bash scripts/setup.sh
@@ -125,12 +129,29 @@ browser-check: setup
 	CHEXNET_BROWSER_SHOTS="$(BUILD)/browser" "$(PY)" -m pytest tests/notebooks/test_browser.py \
 	  tests/notebooks/test_learner_session.py $(PYTEST_ARGS)
 
-# The README's commands on a bare Debian 12 (debootstrap minbase + python3 make git
+# The README's commands on a bare Debian (debootstrap minbase + python3 make git
 # ca-certificates): make setup and notebook 00 in a chroot of this commit, then everything
-# unmounted and removed (scripts/fresh_check.sh; FRESH_NO_CACHE=1 builds Horovod there too,
-# FRESH_KEEP=1 keeps the root). Needs root; CI runs it after make test.
+# unmounted and removed (scripts/fresh_check.sh; SUITE=bookworm: Debian 12, Python 3.11;
+# SUITE=trixie: Debian 13, Python 3.13; FRESH_NO_CACHE=1 builds Horovod there too,
+# FRESH_KEEP=1 keeps the root). Needs root; CI runs it on both after make test.
+SUITE ?= bookworm
 fresh-check:
-	@bash scripts/fresh_check.sh
+	@SUITE="$(SUITE)" bash scripts/fresh_check.sh
+
+# requirements/lock/py3XX-{cpu,gpu,no-deps}.txt from the pins in requirements/*.txt, for every
+# Python setup accepts, with the sha256 of each file the package indexes serve
+# (scripts/lock_requirements.py; interpreters: pythonX.Y on PATH, else pyenv's, or
+# LOCK_ARGS="--python 3.10=/path/to/python3.10 ..."). Run it after changing a pin.
+LOCK_ARGS ?=
+lock:
+	python3 scripts/lock_requirements.py $(LOCK_ARGS)
+
+# Other Pythons on this machine (#26): for each of PYTHON_MATRIX, a venv .venv-py3XX made by
+# make setup with it (KERNEL_USER=0), horovodrun --check-build (MPI and Gloo), the unit and
+# TensorFlow layers and notebook 00, with the time of each step (scripts/python_matrix.sh).
+PYTHON_MATRIX ?= 3.10 3.12 3.13
+python-matrix:
+	@PYTHON_MATRIX="$(PYTHON_MATRIX)" bash scripts/python_matrix.sh
 
 # The package as a normal user on a multi-user host (#30; needs root, CI runs it after
 # make test): a learner account and another account holding an Open MPI shared-memory
@@ -151,7 +172,7 @@ clean:
 	rm -rf "$(BUILD)" .pytest_cache
 
 distclean: clean
-	rm -rf "$(VENV)" .venv-gpu data/synthetic-*
+	rm -rf "$(VENV)" .venv-gpu .venv-py3* data/synthetic-*
 
 # A real Slurm on this machine for the user who runs it (chexnet_utils/slurm_local.py; needs
 # slurm-wlm + munge, which `make setup` installs as root, but not root itself): munged,

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# make fresh-check: the README's commands on a bare Debian 12, as a new user meets them.
+# make fresh-check: the README's commands on a bare Debian, as a new user meets them.
+# SUITE=bookworm (default: Debian 12, its python3 is 3.11) or SUITE=trixie (Debian 13, python3
+# 3.13 and no python3.11 package; Open MPI 5); CI runs both (issue 26).
 #
-#   1. debootstrap     a minimal Debian 12 root (debootstrap --variant=minbase bookworm) in a
+#   1. debootstrap     a minimal Debian root (debootstrap --variant=minbase $SUITE) in a
 #                      new temporary folder under /var/tmp (never inside the repository)
 #   2. base packages   this machine's package-index configuration and trust store copied in
 #                      (apt sources and apt.conf.d, pip's configuration files and the local
 #                      package folders they name, resolv.conf, the local CA certificates), then
 #                      ONLY `python3 make git ca-certificates` installed in it
-#   3. clone           this repository's HEAD commit, cloned by git inside the root
+#   3. clone           this repository's HEAD commit, cloned by git inside the root (from the
+#                      repository's git folder, shared read-only: a worktree's too)
 #   4. make setup      inside the root, as root, with a curated environment (env -i)
 #   5. notebook 00     `make notebooks NOTEBOOKS=notebooks/00_environment_check.ipynb` (nbval)
 #   6. cleanup         every process running in the root stopped, every mount under it
@@ -30,7 +33,13 @@
 #   FRESH_TMPDIR      where the temporary folder is made (default /var/tmp)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd -P)
-SUITE=bookworm
+SUITE=${SUITE:-bookworm}
+case "$SUITE" in
+  bookworm) RELEASE="Debian 12 (bookworm)" ;;
+  trixie) RELEASE="Debian 13 (trixie)" ;;
+  *) printf '[fresh-check] ERROR: SUITE must be bookworm (Debian 12) or trixie (Debian 13), not %s\n' "$SUITE" >&2
+     exit 2 ;;
+esac
 T0=$(date +%s)
 say() { printf '\033[1m[fresh-check]\033[0m %s\n' "$*"; }
 die() { printf '\033[1m[fresh-check]\033[0m ERROR: %s\n' "$*" >&2; exit 1; }
@@ -150,7 +159,7 @@ cleanup() {
   done
   printf '    %-14s %5d s (%d min %d s)\n' total "$total" $(( total / 60 )) $(( total % 60 ))
   if [ "$rc" = 0 ]; then
-    say "PASSED: make setup and notebook 00 on a bare Debian 12 (commit ${SHA:0:12})"
+    say "PASSED: make setup and notebook 00 on a bare $RELEASE (commit ${SHA:0:12})"
   else
     say "FAILED${FAILED:+ in step '$FAILED'} (exit $rc)"
   fi
@@ -164,6 +173,8 @@ trap 'exec 1>&8 2>&9; say "hung up"; exit 129' HUP
 # --- preconditions -------------------------------------------------------------------------------
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot and mounts)"
 SHA=$(git -C "$REPO" rev-parse HEAD)
+# the git folder holding the objects: REPO/.git, or for a worktree the main checkout's .git
+GIT_DIR_SRC=$(cd "$REPO" && cd "$(git rev-parse --git-common-dir)" && pwd -P)
 if [ -n "$(git -C "$REPO" status --porcelain --untracked-files=no)" ]; then
   say "note: uncommitted changes in $REPO are not checked: the root clones HEAD"
 fi
@@ -242,7 +253,7 @@ bind /dev "$ROOT/dev"
 bind /dev/pts "$ROOT/dev/pts"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$ROOT/dev/shm"   # Open MPI's shared memory
 
-# apt: the host's enabled sources (when the host is Debian 12 too) and keyrings, apt.conf.d
+# apt: the host's enabled sources (when the host is the same Debian release) and keyrings, apt.conf.d
 if [ "$host_id" = "debian:$SUITE" ]; then
   rm -f "$ROOT/etc/apt/sources.list"
   for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
@@ -321,10 +332,12 @@ done
 
 # --- 3. clone -------------------------------------------------------------------------------------
 step "clone"
-bind "$REPO" "$ROOT/src" ro
-in_root git -c safe.directory='*' clone -q --no-hardlinks /src /root/chexnet-at-scale
+bind "$GIT_DIR_SRC" "$ROOT/src.git" ro
+in_root git -c safe.directory='*' clone -q --no-hardlinks --no-checkout /src.git /root/chexnet-at-scale
+in_root git -C /root/chexnet-at-scale cat-file -e "$SHA^{commit}" 2>/dev/null ||
+  die "commit $SHA is on no branch of $GIT_DIR_SRC, so a clone does not have it: commit on a branch"
 in_root git -C /root/chexnet-at-scale -c advice.detachedHead=false checkout -q "$SHA"
-umount "$ROOT/src" && rmdir "$ROOT/src"
+umount "$ROOT/src.git" && rmdir "$ROOT/src.git"
 say "cloned $(in_root git -C /root/chexnet-at-scale log -1 --format='%h %s' | cut -c1-90)"
 
 # --- 4. make setup --------------------------------------------------------------------------------

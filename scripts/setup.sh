@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # make setup: everything the notebooks and tests need, from nothing, idempotently.
+#   0. the Python (scripts/python_choice.sh): PYTHON if set, else the newest python3.13 ..
+#      python3.10 / python3 on PATH that TensorFlow 2.21 supports (3.10-3.13); none: one message
+#      naming the versions and this distribution's package, nothing installed. An existing
+#      environment keeps the Python it was made with ($VENV/.chexnet-python records it): another
+#      PYTHON for it stops with a message instead of mixing two Pythons
 #   1. the system packages it needs (scripts/system_packages.sh: venv module, g++, Open MPI,
 #      Chromium for the browser test, Slurm + munge for the one-machine Slurm), with apt-get
 #      as root, else it prints the apt-get line
-#   2. a virtual environment with the pinned stack (requirements/base.txt) and TensorFlow:
-#      requirements/tf-cpu.txt, or requirements/gpu.txt on a GPU node (same version, with CUDA)
-#   3. Horovod built from its PyPI sdist, patched by patches/horovod-<version>/*.patch, with
-#      MPI + Gloo (+ NCCL and CUDA on a GPU node) against that TensorFlow, the wheel cached
-#      under $CHEXNET_CACHE keyed by Horovod, patches, TensorFlow, Python, MPI (and CUDA, NCCL)
+#   2. a virtual environment with the pinned stack, hash-locked: requirements/lock/py3XX-cpu.txt
+#      (made by `make lock` from requirements/base.txt, build.txt, tf-cpu.txt) or py3XX-gpu.txt
+#      on a GPU node (gpu.txt: the same TensorFlow with CUDA), installed with
+#      pip install --require-hashes (a file whose sha256 is not in the lock is refused)
+#   3. Horovod built from its PyPI sdist (checked against PyPI's sha256 in
+#      requirements/horovod.txt before it is unpacked), patched by
+#      patches/horovod-<version>/*.patch, with MPI + Gloo (+ NCCL and CUDA on a GPU node)
+#      against that TensorFlow, the wheel cached under $CHEXNET_CACHE keyed by Horovod,
+#      patches, TensorFlow, Python, MPI (and CUDA, NCCL), with a digest file written next to it
+#      at build time and checked before every install (scripts/digests.sh)
 #   4. chexnet_utils (editable), a Jupyter kernel, ipyparallel's JupyterLab extension,
 #      and a loud capability check
-# Environment: VENV (default .venv), PYTHON (interpreter to create it with), CONDA=1 to use
+# Environment: VENV (default .venv), PYTHON (interpreter to create it with; default: step 0), CONDA=1 to use
 # the active conda env instead of a venv, HOROVOD_REBUILD=1 to ignore the wheel cache,
 # SETUP_SLURM=0 to leave out slurm-wlm and munge,
 # GPU=1 for the GPU build (tensorflow[and-cuda], Horovod with NCCL; the nvcc it compiles with
@@ -20,12 +30,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=${VENV:-.venv}
-PYTHON=${PYTHON:-python3.11}
+PYTHON=${PYTHON:-}
 CACHE=${CHEXNET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chexnet-at-scale}
 KERNEL_NAME=${KERNEL_NAME:-chexnet-at-scale}
 KERNEL_DISPLAY=${KERNEL_DISPLAY:-Python ($KERNEL_NAME)}
 KERNEL_USER=${KERNEL_USER:-1}   # 0: register the kernel only inside the environment
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; exit 1; }
 t0=$(date +%s)
 GPU=${GPU:-auto}
 if [ "$GPU" = auto ]; then
@@ -36,42 +47,82 @@ if [ "$GPU" = auto ]; then
   fi
 fi
 case "$GPU" in
-  0) TF_REQ=requirements/tf-cpu.txt ;;
-  1) TF_REQ=requirements/gpu.txt ;;
+  0|1) ;;
   *) echo "GPU must be 0, 1 or auto, not '$GPU'" >&2; exit 2 ;;
 esac
 
-# 1. System packages: the table in scripts/system_packages.sh (the venv module for $PYTHON, g++,
-#    Open MPI, Chromium), installed with apt-get as root, else the exact apt-get line and a stop.
-#    The venv module is needed only when the venv is still to be made.
-needs_venv=1
-if [ "${CONDA:-0}" = 1 ] || [ -x "$VENV/bin/python" ]; then needs_venv=0; fi
+# 0. Which Python (scripts/python_choice.sh prints NAME<TAB>PATH<TAB>VERSION, or says why none).
+#    A venv records the one that made it in $VENV/.chexnet-python (same format); a venv made
+#    before that record existed is described by its pyvenv.cfg.
+py_xy() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
+case "$VENV" in /*) VENV_PY="$VENV/bin/python" ;; *) VENV_PY="$ROOT/$VENV/bin/python" ;; esac
+needs_venv=0
+if [ "${CONDA:-0}" = 1 ]; then
+  [ -n "${CONDA_PREFIX:-}" ] || die "CONDA=1 but no conda env is active"
+  PY="$CONDA_PREFIX/bin/python"
+  PYTHON="$PY" bash scripts/python_choice.sh >/dev/null || exit 1
+  SYS_PYTHON=$PY
+elif [ -x "$VENV_PY" ]; then
+  if IFS=$'\t' read -r rec_name rec_path rec_version < "$VENV/.chexnet-python" 2>/dev/null; then
+    made_with="$rec_name ($([ "$rec_name" = "$rec_path" ] || printf '%s, ' "$rec_path")$rec_version)"
+  else   # a venv made before the record: what its pyvenv.cfg says
+    made_with=$(sed -n 's/^ *\(home\|version\) *= *//p' "$VENV/pyvenv.cfg" 2>/dev/null | tr '\n' ' ')
+  fi
+  venv_xy=$(py_xy "$VENV_PY") || die "$VENV/bin/python does not run (its Python was removed?):" \
+    "remove $VENV (rm -rf $VENV) and make setup again"
+  if [ -n "$PYTHON" ]; then
+    choice=$(bash scripts/python_choice.sh) || exit 1
+    IFS=$'\t' read -r _ chosen_path chosen_version <<<"$choice"
+    if [ "${chosen_version%.*}" != "$venv_xy" ]; then
+      die "$VENV was made with Python $venv_xy (${made_with% }); PYTHON=$PYTHON is Python" \
+          "$chosen_version ($chosen_path). setup does not mix two Pythons in one environment:" \
+          "use another folder (make setup PYTHON=$PYTHON VENV=.venv-py$(tr -d . <<<"${chosen_version%.*}")), or remove" \
+          "this one first (rm -rf $VENV) to make it again with $PYTHON."
+    fi
+  fi
+  PYTHON="$VENV_PY" bash scripts/python_choice.sh >/dev/null ||
+    die "$VENV was made with a Python setup no longer supports (above): remove it (rm -rf $VENV)"
+  say "using $VENV: Python $venv_xy, made with ${made_with% }"
+  PY=$VENV_PY
+  SYS_PYTHON=$VENV_PY
+else
+  choice=$(bash scripts/python_choice.sh) || exit 1
+  IFS=$'\t' read -r chosen_name chosen_path chosen_version <<<"$choice"
+  say "Python: $chosen_name ($chosen_path, $chosen_version)${PYTHON:+, from PYTHON}"
+  needs_venv=1
+  SYS_PYTHON=$chosen_name
+fi
+
+# 1. System packages: the table in scripts/system_packages.sh (the venv module for that Python,
+#    g++, Open MPI, Chromium), installed with apt-get as root, else the exact apt-get line and a
+#    stop. The venv module is needed only when the venv is still to be made.
 #    With them (optional, SETUP_SLURM=0 skips): slurm-wlm and munge for the one-machine Slurm
 #    (chexnet_utils.slurm_local: make slurm, tests/mpi/test_slurm.py, which skip without them).
-PYTHON="$PYTHON" SETUP_NEEDS_VENV=$needs_venv SETUP_SLURM=${SETUP_SLURM:-1} \
+PYTHON="$SYS_PYTHON" SETUP_NEEDS_VENV=$needs_venv SETUP_SLURM=${SETUP_SLURM:-1} \
   bash scripts/system_packages.sh
 MPI_VERSION=$(mpirun --version 2>/dev/null | head -n1 | sed 's/[^0-9.]*\([0-9][0-9.]*\).*/\1/')
 say "MPI: $(mpirun --version 2>/dev/null | head -n1)"
 
 # 2. Python environment ----------------------------------------------------------------
-if [ "${CONDA:-0}" = 1 ]; then
-  [ -n "${CONDA_PREFIX:-}" ] || { echo "CONDA=1 but no conda env is active" >&2; exit 1; }
-  PY="$CONDA_PREFIX/bin/python"
-else
-  if [ ! -x "$VENV/bin/python" ]; then
-    command -v "$PYTHON" >/dev/null || { echo "$PYTHON not found; set PYTHON=/path/to/python3.11" >&2; exit 1; }
-    say "creating $VENV with $PYTHON"
-    "$PYTHON" -m venv "$VENV"
-  fi
-  case "$VENV" in /*) PY="$VENV/bin/python" ;; *) PY="$ROOT/$VENV/bin/python" ;; esac
+if [ "$needs_venv" = 1 ]; then
+  say "creating $VENV with $chosen_name"
+  "$chosen_path" -m venv "$VENV"
+  printf '%s\t%s\t%s\n' "$chosen_name" "$chosen_path" "$chosen_version" > "$VENV/.chexnet-python"
+  PY=$VENV_PY
 fi
 PIP=("$PY" -m pip --disable-pip-version-check)
 stamp_dir=$("$PY" -c 'import sys; print(sys.prefix)')
-req_hash=$(cat requirements/base.txt requirements/build.txt requirements/no-deps.txt "$TF_REQ" |
-  sha256sum | cut -c1-16)
+# The lock for this Python and build (`make lock` writes them from the pins; scripts/lock_requirements.py)
+PY_LOCK=py$(py_xy "$PY" | tr -d .)
+flavour=cpu; [ "$GPU" = 1 ] && flavour=gpu
+LOCK=requirements/lock/$PY_LOCK-$flavour.txt
+LOCK_NODEPS=requirements/lock/$PY_LOCK-no-deps.txt
+for f in "$LOCK" "$LOCK_NODEPS"; do
+  [ -f "$f" ] || die "no lock $f for Python $(py_xy "$PY"): make lock writes it from requirements/*.txt"
+done
+req_hash=$(cat "$LOCK" "$LOCK_NODEPS" | sha256sum | cut -c1-16)
 if [ ! -f "$stamp_dir/.chexnet-req-$req_hash" ]; then
-  say "installing the pinned stack (requirements/base.txt, $TF_REQ)"
-  "${PIP[@]}" install -q -r requirements/build.txt
+  say "installing the pinned stack, hash-locked ($LOCK, $LOCK_NODEPS)"
   # tensorflow-cpu and tensorflow (the CUDA build) install the same files: the other flavour
   # goes first, so switching GPU=0 <-> GPU=1 in one environment leaves no half of either.
   other_tf=tensorflow; [ "$GPU" = 1 ] && other_tf=tensorflow-cpu
@@ -80,17 +131,22 @@ if [ ! -f "$stamp_dir/.chexnet-req-$req_hash" ]; then
     "${PIP[@]}" uninstall -q -y "$other_tf"
     rm -f "$stamp_dir/.chexnet-horovod-built-for"
   fi
-  "${PIP[@]}" install -q -r requirements/base.txt -r "$TF_REQ"
-  "${PIP[@]}" install -q --no-deps -r requirements/no-deps.txt  # see that file
+  # every file's sha256 must be in the lock; wheels only (an sdist's build dependencies would
+  # be fetched unchecked)
+  "${PIP[@]}" install -q --require-hashes --only-binary :all: -r "$LOCK"
+  "${PIP[@]}" install -q --require-hashes --only-binary :all: --no-deps -r "$LOCK_NODEPS"  # see requirements/no-deps.txt
   rm -f "$stamp_dir"/.chexnet-req-*
   touch "$stamp_dir/.chexnet-req-$req_hash"
 else
-  say "pinned stack already installed"
+  say "pinned stack already installed ($LOCK)"
 fi
 
 # 3. Horovod ---------------------------------------------------------------------------
-HVD_SPEC=$(grep -E '^horovod==' requirements/horovod.txt)
+# requirements/horovod.txt: "horovod==<version> --hash=sha256:<PyPI's digest of the sdist>"
+read -r HVD_SPEC HVD_HASH < <(grep -E '^horovod==' requirements/horovod.txt)
 HVD_VERSION=${HVD_SPEC#horovod==}
+HVD_SHA256=${HVD_HASH#--hash=sha256:}
+[[ $HVD_SHA256 =~ ^[0-9a-f]{64}$ ]] || die "requirements/horovod.txt: no --hash=sha256:<digest> after $HVD_SPEC"
 TF_VERSION=$("$PY" - <<'PY'
 import importlib.metadata as m
 for name in ("tensorflow-cpu", "tensorflow", "tensorflow-gpu"):
@@ -147,8 +203,8 @@ explain_build_log() {   # name the system package behind a known build failure i
          "Run: sudo apt-get install -y libopenmpi-dev" >&2
   fi
   if grep -q 'Python.h: No such file' "$1"; then
-    echo "Python's headers (package ${PYTHON##*/}-dev) are missing." \
-         "Run: sudo apt-get install -y ${PYTHON##*/}-dev" >&2
+    echo "Python's headers (package python$(py_xy "$PY")-dev) are missing." \
+         "Run: sudo apt-get install -y python$(py_xy "$PY")-dev" >&2
   fi
 }
 # The toolchain a Horovod build needs (cmake, a C++ compiler, MPI), proven in a few seconds
@@ -170,17 +226,20 @@ check_build_toolchain() {
   fi
   rm -rf "$dir"
 }
-# Horovod's sdist from the package index (pip download: no other source of code), unpacked in
-# $1 and patched with every patches/horovod-<version>/*.patch in name order.
+# Horovod's sdist from the package index (pip download: no other source of code; pip checks it
+# against requirements/horovod.txt's hash), checked again against that digest before it is
+# unpacked in $1 (the cached copy too: scripts/digests.sh), and patched with every
+# patches/horovod-<version>/*.patch in name order.
 fetch_patched_sdist() {
   local dest=$1 sdist_dir="$CACHE/sdist" tarball p
   tarball="$sdist_dir/horovod-$HVD_VERSION.tar.gz"
   if [ ! -f "$tarball" ]; then
     mkdir -p "$sdist_dir"
-    "${PIP[@]}" download -q --no-deps --no-binary :all: -d "$sdist_dir" "$HVD_SPEC" ||
-      { echo "could not download Horovod's source ($HVD_SPEC) from the package index" >&2; exit 1; }
+    "${PIP[@]}" download -q --no-deps --no-binary :all: --require-hashes -d "$sdist_dir" \
+      -r requirements/horovod.txt ||
+      die "could not download Horovod's source ($HVD_SPEC, sha256 $HVD_SHA256) from the package index"
   fi
-  tar -xzf "$tarball" -C "$dest"
+  bash scripts/digests.sh unpack-sdist "$tarball" "$HVD_SHA256" "$dest" || exit 1
   for p in "${PATCHES[@]}"; do
     # GIT_CEILING_DIRECTORIES: git apply acts on the folder itself, never on an enclosing repo
     if ! (cd "$dest/horovod-$HVD_VERSION" && GIT_CEILING_DIRECTORIES="$dest" git apply -p1 "$ROOT/$p"); then
@@ -188,6 +247,16 @@ fetch_patched_sdist() {
     fi
     say "applied $p"
   done
+}
+# A cached wheel is used only with its digest file (written at build time, scripts/digests.sh):
+# 0 verified, 1 refused (the reason is printed: setup stops), 2 no digest (an entry made
+# before digests were written: built again).
+cached_wheel_state() {
+  local whl rc=0
+  whl=$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n1)
+  [ -n "$whl" ] || { echo none; return; }
+  bash scripts/digests.sh verify-wheel "$whl" >&2 || rc=$?
+  case "$rc" in 0) echo ok ;; 2) echo undigested ;; *) echo refused ;; esac
 }
 # An installed Horovod is only reused if it was built against this TensorFlow.
 built_for=$(cat "$stamp_dir/.chexnet-horovod-built-for" 2>/dev/null || true)
@@ -197,12 +266,20 @@ else
   check_build_toolchain
   say "build toolchain for Horovod: $("$BIN_DIR/cmake" --version | head -n1), C++ compiler and MPI found"
   if [ "${HOROVOD_REBUILD:-0}" = 1 ]; then rm -rf "$WHEEL_DIR"; fi
-  if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+  state=$(cached_wheel_state)
+  [ "$state" != refused ] || exit 1
+  if [ "$state" = undigested ]; then
+    say "the cached wheel in $WHEEL_DIR has no digest file: building it again"
+  fi
+  if [ "$state" != ok ]; then
     say "building Horovod $HVD_VERSION against TensorFlow $TF_VERSION (about 3-5 minutes on 2 cores)"
     tb=$(date +%s)
     rm -rf "$WHEEL_DIR.tmp"; mkdir -p "$WHEEL_DIR.tmp"
     build_log="$stamp_dir/horovod-build.log"
-    src_root=$(mktemp -d)
+    # unpacked inside the environment, not in the shared /tmp: on this shared machine another
+    # job removed unpacked horovod-0.28.1 folders under /tmp, once mid-compile ("No rule to
+    # make target .../horovod/common/common.cc"); the environment is this checkout's own
+    src_root=$(mktemp -d "$stamp_dir/horovod-src.XXXXXX")
     trap 'rm -rf "$src_root"' EXIT
     fetch_patched_sdist "$src_root"
     if ! PATH="$BIN_DIR:$PATH" HOROVOD_CMAKE="$BIN_DIR/cmake" \
@@ -212,17 +289,23 @@ else
       "${PIP[@]}" wheel --no-deps --no-build-isolation --no-cache-dir -w "$WHEEL_DIR.tmp" \
       "$src_root/horovod-$HVD_VERSION" >"$build_log" 2>&1; then
       grep -v '^WARNING: Location' "$build_log" | tail -n 40 >&2
+      # the compiler's own errors come long before pip's traceback at the end
+      if grep -q -E ': (fatal )?error: |No rule to make target' "$build_log"; then
+        echo "the build's first errors:" >&2
+        grep -E -m 12 ': (fatal )?error: |No rule to make target' "$build_log" | cut -c1-400 >&2
+      fi
       explain_build_log "$build_log"
       echo "Horovod's build failed (last lines above; the whole output: $build_log)" >&2
       exit 1
     fi
+    bash scripts/digests.sh seal-wheel "$(ls "$WHEEL_DIR.tmp"/horovod-*.whl)"
     rm -rf "$WHEEL_DIR" "$src_root" && mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"
     trap - EXIT
-    say "Horovod built in $(( $(date +%s) - tb )) s; wheel cached in $WHEEL_DIR (build output: $build_log)"
+    say "Horovod built in $(( $(date +%s) - tb )) s; wheel and its sha256 cached in $WHEEL_DIR (build output: $build_log)"
   else
-    say "using cached Horovod wheel from $WHEEL_DIR"
+    say "using cached Horovod wheel from $WHEEL_DIR (sha256 verified)"
   fi
-  "${PIP[@]}" install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
+  bash scripts/digests.sh install-wheel "$(ls "$WHEEL_DIR"/horovod-*.whl)" "$PY" || exit 1
   echo "$WHEEL_DIR" > "$stamp_dir/.chexnet-horovod-built-for"
 fi
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The system packages `make setup` needs (Debian 12, Ubuntu 22.04/24.04), as one table:
+# The system packages `make setup` needs (Debian 12/13, Ubuntu 22.04/24.04), as one table:
 #
 #   what is needed                      how it is checked                          package
-#   the interpreter $PYTHON             command -v $PYTHON                         $PYTHON  (python3.11)
-#   its venv module with ensurepip      $PYTHON -c 'import ensurepip, venv; ...'   $PYTHON-venv
-#     (only when a venv is to be created: SETUP_NEEDS_VENV=1, the default)
+#   the interpreter $PYTHON             command -v $PYTHON                         pythonX.Y
+#   its venv module with ensurepip      $PYTHON -c 'import ensurepip, venv; ...'   pythonX.Y-venv
+#     (only when a venv is to be created: SETUP_NEEDS_VENV=1, the default; X.Y is the version
+#      $PYTHON reports, so python3 on Debian 13 needs python3.13-venv)
 #   a C++ compiler (Horovod's build)    command -v g++                             g++
 #   git (applies patches/ to Horovod)   command -v git                             git
 #   the MPI launcher                    command -v mpirun                          openmpi-bin
@@ -23,13 +24,15 @@
 #   scripts/system_packages.sh --check-only  installs nothing: prints what is missing and the line
 #
 # Nothing missing: no apt call at all. Exit status 0 when every required row holds, 1 otherwise.
-# Environment: PYTHON (default python3.11), SETUP_NEEDS_VENV (1/0), SETUP_SLURM (1/0, default 0),
+# On the RHEL family (RHEL, its rebuilds, Fedora) it installs nothing and prints the dnf line
+# with that family's names (gcc-c++, openmpi-devel, ...; expected to work, not tested here).
+# Environment: PYTHON (setup.sh passes the one scripts/python_choice.sh chose; default python3),
+# SETUP_NEEDS_VENV (1/0), SETUP_SLURM (1/0, default 0),
 # SBIN_DIRS (where daemons are looked for besides PATH, default "/usr/sbin /usr/local/sbin"),
 # CHEXNET_CHROMIUM, OS_RELEASE (default /etc/os-release). The checks use only shell builtins and $PYTHON.
 set -uo pipefail   # no -e: a failing check is an answer, not an error
 
-PYTHON=${PYTHON:-python3.11}
-OS_RELEASE=${OS_RELEASE:-/etc/os-release}
+PYTHON=${PYTHON:-python3}
 case "${1:-}" in
   --check-only) MODE=check ;;
   "") MODE=install ;;
@@ -38,26 +41,12 @@ esac
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 err() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
-# --- which system: /etc/os-release ------------------------------------------------------------
-os_id="" os_like="" os_version="" os_name=""
-if [ -r "$OS_RELEASE" ]; then
-  while IFS='=' read -r key value || [ -n "$key" ]; do
-    value=${value%\"}; value=${value#\"}
-    case "$key" in
-      ID) os_id=$value ;;
-      ID_LIKE) os_like=$value ;;
-      VERSION_ID) os_version=$value ;;
-      PRETTY_NAME) os_name=$value ;;
-    esac
-  done < "$OS_RELEASE"
-fi
-case " $os_id $os_like " in
-  *" ubuntu "*) family=ubuntu ;;
-  *" debian "*) family=debian ;;
-  *) family=other ;;
-esac
+# --- which system: /etc/os-release (family: debian, ubuntu, rhel or other) --------------------
+# shellcheck source=scripts/distro.sh
+here=${BASH_SOURCE[0]%/*}; [ "$here" != "${BASH_SOURCE[0]}" ] || here=.   # (no dirname: PATH may be bare)
+. "$here/distro.sh"
 case "$os_id:$os_version" in
-  debian:12|ubuntu:22.04|ubuntu:24.04) tested=1 ;;
+  debian:12|debian:13|ubuntu:22.04|ubuntu:24.04) tested=1 ;;
   *) tested=0 ;;
 esac
 
@@ -78,23 +67,36 @@ have_chromium() {
 # --- the table: what | how it is checked (shown) | check | package | required/optional --------
 WHAT=() HOW=() CHECK=() PKG=() KIND=() NOTE=()
 row() { WHAT+=("$1"); HOW+=("$2"); CHECK+=("$3"); PKG+=("$4"); KIND+=("$5"); NOTE+=("${6:-}"); }
-py_name=${PYTHON##*/}
-if [[ $py_name =~ ^python3\.[0-9]+$ ]]; then py_pkg=$py_name; else py_pkg=""; fi
+# the interpreter's package: pythonX.Y from the version it reports (python3 on Debian 13 is 3.13:
+# python3.13-venv), else from its name
+py_ver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+[ -n "$py_ver" ] || { py_name=${PYTHON##*/}; [[ $py_name =~ ^python(3\.[0-9]+)$ ]] && py_ver=${BASH_REMATCH[1]}; }
+py_pkg=${py_ver:+python$py_ver}
+pkg() {   # the package bringing $1 (named as on Debian) on this family; empty: none
+  case "$family:$1" in
+    rhel:g++) echo gcc-c++ ;;
+    rhel:openmpi-bin) echo openmpi ;;
+    rhel:libopenmpi-dev) echo openmpi-devel ;;
+    rhel:python3.*-venv) echo "${1%-venv}" ;;          # venv and ensurepip are in pythonX.Y
+    rhel:slurm-wlm) echo "slurm slurm-slurmctld slurm-slurmd" ;;
+    ubuntu:chromium|other:chromium) ;;                 # Ubuntu's is a snap shim (below)
+    *) echo "$1" ;;
+  esac
+}
 row "$PYTHON" "command -v $PYTHON" "have_cmd $PYTHON" "$py_pkg" required
 if [ "${SETUP_NEEDS_VENV:-1}" = 1 ]; then
   row "the venv module of $PYTHON" "$PYTHON -c 'import ensurepip, venv'" have_venv \
-    "${py_pkg:+$py_pkg-venv}" required
+    "$(pkg "${py_pkg:+$py_pkg-venv}")" required
 fi
-row "g++" "command -v g++" "have_cmd g++" g++ required
+row "g++" "command -v g++" "have_cmd g++" "$(pkg g++)" required
 row "git" "command -v git" "have_cmd git" git required
-row "mpirun" "command -v mpirun" "have_cmd mpirun" openmpi-bin required
-row "mpicc" "command -v mpicc" "have_cmd mpicc" libopenmpi-dev required
-if [ "$family" = debian ]; then chromium_pkg=chromium; else chromium_pkg=""; fi
+row "mpirun" "command -v mpirun" "have_cmd mpirun" "$(pkg openmpi-bin)" required
+row "mpicc" "command -v mpicc" "have_cmd mpicc" "$(pkg libopenmpi-dev)" required
 row "Chromium" "${CHEXNET_CHROMIUM:+test -x $CHEXNET_CHROMIUM}${CHEXNET_CHROMIUM:-command -v chromium}" \
-  have_chromium "$chromium_pkg" optional chromium
+  have_chromium "$(pkg chromium)" optional chromium
 if [ "${SETUP_SLURM:-0}" = 1 ]; then
   row "Slurm (sbatch, slurmctld, slurmd)" "command -v sbatch slurmctld slurmd" have_slurm \
-    slurm-wlm optional slurm
+    "$(pkg slurm-wlm)" optional slurm
   row "munged" "command -v munged" "have_daemon munged" munge optional slurm
 fi
 
@@ -144,9 +146,15 @@ report() {   # what is missing, and the line that installs it
     if [ "${KIND[$i]}" = required ]; then err "$(describe "$i")"
     else err "$(describe "$i") (optional: $(optional_note "${NOTE[$i]}"))"; fi
   done
-  if [ "$family" = other ]; then
-    err "this is not Debian or Ubuntu (${os_name:-no $OS_RELEASE}): install the equivalents of the" \
-        "packages above yourself, or use conda (environment.yml), then make setup again"
+  if [ "$family" = rhel ]; then
+    err "this is not Debian or Ubuntu (${os_name:-RHEL family}): setup installs nothing here." \
+        "On the RHEL family (expected to work, not tested here) run as root or with sudo:"
+    err "    sudo dnf install -y ${req_pkgs[*]} ${opt_pkgs[*]}"
+    err "  (chromium, slurm and munge come from EPEL: sudo dnf install -y epel-release; Open MPI's" \
+        "mpirun and mpicc are put on PATH by: module load mpi/openmpi-\$(uname -m)), then make setup again"
+  elif [ "$family" = other ]; then
+    err "this is not Debian or Ubuntu (${os_name:-no ${OS_RELEASE:-/etc/os-release}}): install the" \
+        "equivalents of the packages above yourself, or use conda (environment.yml), then make setup again"
   elif [ "${#req_pkgs[@]}" -gt 0 ] || [ "${#opt_pkgs[@]}" -gt 0 ]; then
     err "to install them (${os_name:-$family}), run as root or with sudo:"
     err "    $(apt_line "${req_pkgs[@]}" "${opt_pkgs[@]}")"
@@ -157,13 +165,13 @@ report() {   # what is missing, and the line that installs it
 }
 
 can_install=1
-[ "$family" != other ] && [ "$(id -u 2>/dev/null)" = 0 ] && have_cmd apt-get || can_install=0
+{ [ "$family" = debian ] || [ "$family" = ubuntu ]; } && [ "$(id -u 2>/dev/null)" = 0 ] && have_cmd apt-get || can_install=0
 all_pkgs=("${req_pkgs[@]}" "${opt_pkgs[@]}")
 [ "${#all_pkgs[@]}" -gt 0 ] || can_install=0   # nothing apt could bring (Chromium on Ubuntu)
 if [ "$MODE" = check ] || [ "$can_install" = 0 ]; then
   report
   if [ "$MODE" = install ] && [ "$req_missing" = 1 ]; then
-    if [ "$family" = other ]; then why="this is not Debian or Ubuntu"
+    if [ "$family" = other ] || [ "$family" = rhel ]; then why="this is not Debian or Ubuntu"
     elif [ "$(id -u 2>/dev/null)" != 0 ]; then why="this is not root"
     else why="apt-get cannot provide it"; fi
     err "not installing ($why): install the packages above (or use conda: environment.yml)," \
@@ -173,7 +181,7 @@ if [ "$MODE" = check ] || [ "$can_install" = 0 ]; then
 fi
 
 # --- root on Debian/Ubuntu: one update, the required packages, then the optional ones --------
-[ "$tested" = 1 ] || say "note: tested on Debian 12 and Ubuntu 22.04/24.04, this is ${os_name:-unknown}"
+[ "$tested" = 1 ] || say "note: made for Debian 12/13 and Ubuntu 22.04/24.04, this is ${os_name:-unknown}"
 export DEBIAN_FRONTEND=noninteractive
 say "installing system packages with apt-get: ${all_pkgs[*]}"
 apt-get update -qq || err "apt-get update failed (the install below may still work from cached lists)"

@@ -421,8 +421,12 @@ def test_makefile_recipes_survive_a_checkout_path_with_a_space(tmp_path):
     python.chmod(0o755)
     (checkout / "my").mkdir()
     (checkout / "my build").mkdir()
+    # the copy's own .venv: not a VENV (or make's flags) inherited from a make that runs this
+    # test, e.g. `make unit VENV=.venv-py310` (make python-matrix)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VENV", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     out = subprocess.run(["make", "unit", "bench", "clean", "BUILD=my build"], cwd=checkout,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     calls = (checkout / ".venv" / "bin" / "calls").read_text().splitlines()
     assert len(calls) == 8 and all(c.startswith(f"{python} ") for c in calls)

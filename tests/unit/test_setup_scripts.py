@@ -24,6 +24,8 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 ALL_TOOLS = ("python3.11", "g++", "git", "mpirun", "mpicc", "chromium")
 DEBIAN = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n'
 UBUNTU = 'PRETTY_NAME="Ubuntu 24.04.1 LTS"\nID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n'
+DEBIAN13 = 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nID=debian\nVERSION_ID="13"\n'
+ROCKY = 'PRETTY_NAME="Rocky Linux 9.4"\nID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\n'
 
 
 def _tool(path: Path, body: str) -> None:
@@ -57,7 +59,8 @@ def fake(tmp_path):
             self.os_release.write_text(os_release)
 
         def run(self, *args, **env):
-            full_env = {"PATH": str(self.bin), "OS_RELEASE": str(self.os_release), **env}
+            full_env = {"PATH": str(self.bin), "OS_RELEASE": str(self.os_release),
+                        "PYTHON": "python3.11", **env}
             proc = subprocess.run([BASH, str(SYSTEM_PACKAGES), *args], env=full_env,
                                   capture_output=True, text=True, timeout=30)
             return proc.returncode, ANSI.sub("", proc.stdout + proc.stderr)
@@ -68,7 +71,8 @@ def fake(tmp_path):
     return Fake()
 
 
-@pytest.mark.parametrize("script", ["setup.sh", "system_packages.sh", "fresh_check.sh"])
+@pytest.mark.parametrize("script", ["setup.sh", "system_packages.sh", "fresh_check.sh",
+                                    "python_choice.sh", "digests.sh", "python_matrix.sh"])
 def test_scripts_parse(script):
     proc = subprocess.run([BASH, "-n", str(SCRIPTS / script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -135,11 +139,31 @@ def test_ubuntu_chromium_is_a_snap_shim_so_no_apt_line(fake):
 
 
 def test_not_debian_or_ubuntu_gives_no_apt_line(fake):
-    fake.make(tools=("python3.11", "git", "mpirun", "mpicc", "chromium"), os_release="ID=fedora\n")
+    fake.make(tools=("python3.11", "git", "mpirun", "mpicc", "chromium"), os_release="ID=arch\n")
     code, out = fake.run()
     assert code == 1
     assert "g++ (package g++) is missing" in out and "not Debian or Ubuntu" in out
-    assert "apt-get install" not in out and fake.apt_calls() == []
+    assert "apt-get install" not in out and "dnf" not in out and fake.apt_calls() == []
+
+
+def test_the_rhel_family_gets_the_dnf_line_with_its_package_names(fake):
+    fake.make(tools=("python3.11",), venv_ok=False, os_release=ROCKY)
+    code, out = fake.run()
+    assert code == 1 and fake.apt_calls() == []
+    assert "g++ (package gcc-c++) is missing" in out and "mpicc (package openmpi-devel)" in out
+    assert ("    sudo dnf install -y python3.11 gcc-c++ git openmpi openmpi-devel chromium\n"
+            in out)
+    assert "module load mpi/openmpi-$(uname -m)" in out and "EPEL" in out
+
+
+def test_the_venv_package_follows_the_version_python_reports(fake):
+    """Debian 13's python3 is 3.13: its venv module is python3.13-venv, not python3-venv."""
+    fake.make(tools=("g++", "git", "mpirun", "mpicc", "chromium"), os_release=DEBIAN13)
+    _tool(fake.bin / "python3", 'case "$2" in *ensurepip*) exit 1 ;; *) echo 3.13 ;; esac')
+    code, out = fake.run("--check-only", PYTHON="python3")
+    assert code == 1
+    assert "the venv module of python3 (package python3.13-venv) is missing" in out
+    assert "sudo apt-get update && sudo apt-get install -y python3.13-venv\n" in out
 
 
 def test_not_root_prints_the_line_and_installs_nothing(fake):
@@ -183,11 +207,21 @@ def test_ci_runs_fresh_check_after_the_tests():
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     stages = [(i, line) for i, line in enumerate(lines) if line.startswith("stage ")]
     first = {cmd: next(i for i, line in stages if cmd in line)
-             for cmd in ("make test ", "make fresh-check")}
-    assert first["make test "] < first["make fresh-check"]
+             for cmd in ("make test ", "make fresh-check SUITE=bookworm",
+                         "make fresh-check SUITE=trixie")}
+    # Debian 12 first, then Debian 13 (issue 26)
+    assert first["make test "] < first["make fresh-check SUITE=bookworm"] \
+        < first["make fresh-check SUITE=trixie"]
     assert any("make nonroot-check" in line for _, line in stages)
     assert any("make gpu-build-check" in line for _, line in stages)
     assert "fresh-check:" in (ROOT / "Makefile").read_text()
+
+
+def test_fresh_check_takes_only_the_two_debian_releases():
+    proc = subprocess.run([BASH, str(SCRIPTS / "fresh_check.sh")], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "SUITE": "sid"})
+    assert proc.returncode == 2
+    assert "SUITE must be bookworm (Debian 12) or trixie (Debian 13), not sid" in proc.stderr
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="as root it would really start")
