@@ -62,8 +62,16 @@ CLUSTER_CELL = ("from chexnet_utils.distributed import MPICluster\n\n"
                 "print(f\"2 engines up in {cluster.start_seconds:.1f} s; engine pids "
                 "{cluster.engine_pids}\")\n"
                 "cluster.view.activate()  # registers the %px / %%px magics for these engines")
-HELLO_CELL = ("%%px\nimport os\n\nfrom chexnet_utils.distributed import mpi_rank\n\n"
-              "print(f\"rank {mpi_rank()} says hello from pid {os.getpid()}\")")
+# ipyparallel 9.2's blocking %%px waits for the engines' output only while its progress
+# timer (2 s) runs: a result that arrives just before it ends leaves no time for the output
+# that is still on its way (client/magics.py, `result.wait(timeout=progress_after)` then
+# `wait_for_output(remaining)`; seen on a loaded machine: rank 1's line shown, rank 0's not).
+# So the cell flushes its line first and keeps running 3 s: the output streams in while the
+# cell is still running, as it does in every real %%px cell that trains.
+HELLO_CELL = ("%%px\nimport os\nimport time\n\n"
+              "from chexnet_utils.distributed import mpi_rank\n\n"
+              "print(f\"rank {mpi_rank()} says hello from pid {os.getpid()}\", flush=True)\n"
+              "time.sleep(3)")
 LONG_CELL = ("%%px\nimport time\n\nprint(f\"rank {mpi_rank()} at work\", flush=True)\n"
              "for step in range(600):\n    time.sleep(1)")
 AGAIN_CELL = "%%px\nprint(f\"rank {mpi_rank()} is back\")"
