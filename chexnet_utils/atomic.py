@@ -8,11 +8,13 @@ that dance is :func:`atomic_path` (a temporary path for writers that stream or n
 own files: PNGs, shards, Keras checkpoints, figures);
 :func:`write_text_atomic`, :func:`write_bytes_atomic` and :func:`write_json_atomic` (strict
 JSON through :func:`json_safe`) are built on it, and :func:`fsync_dir` makes a rename itself
-durable.
+durable. :func:`folder_lock` serialises two processes that write the same folder (two
+notebooks preparing the same data set, two results writers).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -106,6 +108,26 @@ def write_bytes_atomic(path: Path | str, data: bytes, prefix: str | None = None,
     """Write ``data`` to ``path`` atomically; ``prefix`` and ``fsync`` as in
     :func:`write_text_atomic`."""
     _write_atomic(path, bytes(data), prefix, fsync)
+
+
+@contextmanager
+def folder_lock(folder: Path | str, waiting: str | None = None) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder`` itself for the block: no lock file is left behind
+    and the lock goes with the process (a killed holder releases it). ``folder`` must exist.
+    If another process holds it and ``waiting`` is given, ``waiting`` is printed once before
+    this one blocks (a second notebook preparing the data set the first one is making).
+    A lock is per open of the folder: do not nest two locks on one folder in one process."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting:
+                print(waiting, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def require_writable_dir(folder: Path | str) -> Path:

@@ -2,13 +2,17 @@
 
 If ``CHEXNET_DATA_DIR`` points at a ChestX-ray14 folder (the real download), it is loaded
 as it is. Otherwise the synthetic stand-in for ``CHEXNET_SCALE`` is generated on first use
-in ``data/synthetic-<scale>/`` (and reused afterwards).
+in ``data/synthetic-<scale>/`` (and reused afterwards). Two processes that prepare the same
+folder at once (two notebooks opened together, two lanes of ``make test``) take turns: the
+second waits on a lock on the folder (:func:`~chexnet_utils.atomic.folder_lock`) and then
+finds it made.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from chexnet_utils.atomic import folder_lock
 from chexnet_utils.config import Scale, data_dir, scale, using_real_data, work_dir
 from chexnet_utils.nih import NIHDataset
 
@@ -22,8 +26,10 @@ def prepare_data(s: Scale | None = None, progress: bool = True) -> NIHDataset:
     if not using_real_data():
         from chexnet_utils.synthetic import ensure_dataset
 
-        ensure_dataset(root, n=s.n_images, size=s.source_size, seed=SYNTHETIC_SEED,
-                       progress=progress)
+        root.mkdir(parents=True, exist_ok=True)
+        with folder_lock(root, waiting=f"waiting for another process that prepares {root}"):
+            ensure_dataset(root, n=s.n_images, size=s.source_size, seed=SYNTHETIC_SEED,
+                           progress=progress)
     return NIHDataset.load(root)
 
 
@@ -46,6 +52,8 @@ def prepare_tfrecords(image_size: int | None = None, s: Scale | None = None,
     s = s or scale()
     ds = prepare_data(s, progress=progress)
     out = tfrecords_dir(image_size)
-    convert_dataset(ds.root, out, image_size=image_size, shard_size=s.shard_size,
-                    workers=workers, progress=progress)
+    out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, waiting=f"waiting for another process that converts into {out}"):
+        convert_dataset(ds.root, out, image_size=image_size, shard_size=s.shard_size,
+                        workers=workers, progress=progress)
     return out

@@ -7,15 +7,13 @@ are saved next to it by :func:`save_figure`.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from chexnet_utils.atomic import atomic_path, json_safe, write_json_atomic
+from chexnet_utils.atomic import atomic_path, folder_lock, json_safe, write_json_atomic
 from chexnet_utils.config import work_dir
 
 
@@ -47,22 +45,12 @@ def record(notebook: str, values: Mapping[str, Any], path: Path | None = None) -
     written as ``null``.
     """
     path = path or results_path()
-    with _locked(path):  # two notebooks (or a notebook and make tutorial) at the same time
+    # two notebooks (or a notebook and make tutorial) at the same time: the lock is on the
+    # folder, as the file itself is replaced by every write and cannot carry it
+    with folder_lock(path.parent):
         data = load(path)
         data.setdefault(notebook, {}).update(json_safe(dict(values)))
         write_json_atomic(path, data, sort_keys=True)
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path``'s folder for the block (no lock file left behind;
-    the file itself is replaced by every write, so it cannot carry the lock)."""
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def save_figure(fig: Any, name: str) -> Path:

@@ -133,3 +133,57 @@ def test_results_record_writes_strict_json(monkeypatch, tmp_path):
     assert "NaN" not in text
     assert json.loads(text) == {"02": {"ratio": None, "rate": 2.0, "ok": True}}
     assert os.listdir(tmp_path) == ["results.json"]
+
+
+def test_folder_lock_makes_a_second_process_wait_and_say_so(tmp_path):
+    """Two processes preparing one folder take turns; the second says it waits; no lock
+    file is left in the folder."""
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    log = tmp_path / "order.txt"
+    script = (
+        "import sys, time\n"
+        "from chexnet_utils.atomic import folder_lock\n"
+        "name, hold = sys.argv[1], float(sys.argv[2])\n"
+        f"with folder_lock({str(folder)!r}, waiting=name + ' waits'):\n"
+        f"    open({str(log)!r}, 'a').write(name + ' in\\n')\n"
+        "    time.sleep(hold)\n"
+        f"    open({str(log)!r}, 'a').write(name + ' out\\n')\n")
+    first = subprocess.Popen([sys.executable, "-c", script, "first", "1.5"])
+    deadline = time.monotonic() + 30
+    while not (log.exists() and "first in" in log.read_text()):
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.05)
+    second = subprocess.run([sys.executable, "-c", script, "second", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert first.wait(timeout=60) == 0 and second.returncode == 0, second.stderr
+    assert second.stdout == "second waits\n"
+    assert log.read_text().splitlines() == ["first in", "first out", "second in", "second out"]
+    assert list(folder.iterdir()) == []
+
+
+def test_folder_lock_is_released_when_its_holder_is_killed(tmp_path, capsys):
+    import signal
+    import subprocess
+    import sys
+
+    from chexnet_utils.atomic import folder_lock
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom chexnet_utils.atomic import folder_lock\n"
+         f"with folder_lock({str(tmp_path)!r}):\n    print('held', flush=True)\n"
+         "    time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        with folder_lock(tmp_path, waiting="waiting: the lock outlived its holder"):
+            pass
+        assert capsys.readouterr().out == ""
+    finally:
+        holder.kill()
+        holder.wait()
