@@ -11,6 +11,9 @@ layer's time into setup (fixtures), call and teardown and lists the slowest setu
 The two stages share their wall times through the file named by ``CHEXNET_TEST_TIMES``: the
 tests stage writes its wall time there, the notebook stage reads it and prints the total
 against the budget, 15 minutes on 2 cores (``CHEXNET_TEST_BUDGET_MIN`` to change it).
+Each stage and each notebook also shows the share of the machine's CPUs that was busy
+meanwhile (``/proc/stat``): a stage near 100 % is computing, so more parallel workers would
+not shorten it; a notebook far below it waits (on engines, daemons, subprocesses).
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from collections import defaultdict
 
 import pytest
 
-from chexnet_utils.nbtools import (budget_minutes, format_layer_times, format_wall_times,
-                                   layer_of_test, notebook_of, read_stage_times,
-                                   write_stage_time)
+from chexnet_utils.nbtools import (budget_minutes, busy_share, cpu_ticks, format_layer_times,
+                                   format_wall_times, layer_of_test, notebook_of,
+                                   read_stage_times, write_stage_time)
 from chexnet_utils.processes import command_lifetime
 
 TIMES_ENV = "CHEXNET_TEST_TIMES"
@@ -33,6 +36,8 @@ _other_seconds = [0.0]
 _session_start = [time.monotonic()]
 _phase_seconds: dict[tuple[str, str], float] = defaultdict(float)
 _setup_seconds: dict[str, float] = {}
+_session_ticks: list = [None]
+_notebook_ticks: dict[str, list] = {}  # notebook -> [ticks at its first cell, after its last]
 
 
 def _workers(config: pytest.Config) -> int:
@@ -62,6 +67,7 @@ _lifetime: list = []
 
 def pytest_sessionstart(session):  # noqa: ANN001, ANN201
     _session_start[0] = time.monotonic()
+    _session_ticks[0] = cpu_ticks()
     # A lifeline for the whole session (each xdist worker gets its own too): everything a test
     # starts carries its token, and if pytest is killed (a CI timeout's SIGKILL) the watchdog
     # stops what is left: clusters, Slurm daemons, nbval's kernels (which leave through
@@ -76,6 +82,18 @@ def pytest_sessionstart(session):  # noqa: ANN001, ANN201
 def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ANN201
     while _lifetime:
         _lifetime.pop().__exit__(None, None, None)
+
+
+def pytest_runtest_logstart(nodeid, location):  # noqa: ANN001, ANN201
+    nb = notebook_of(nodeid)
+    if nb is not None and nb not in _notebook_ticks:  # the notebook's first cell: its start
+        _notebook_ticks[nb] = [cpu_ticks(), None]
+
+
+def pytest_runtest_logfinish(nodeid, location):  # noqa: ANN001, ANN201
+    nb = notebook_of(nodeid)
+    if nb is not None and nb in _notebook_ticks:  # after each cell: the latest is its end
+        _notebook_ticks[nb][1] = cpu_ticks()
 
 
 def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201
@@ -96,21 +114,34 @@ def pytest_terminal_summary(terminalreporter, config):  # noqa: ANN001, ANN201
         terminalreporter.write_sep("=", "test time by layer")
         terminalreporter.write_line(format_layer_times(dict(_phase_seconds), _setup_seconds))
     elapsed = time.monotonic() - _session_start[0]  # collection and start-up included
+    stage_busy = busy_share(_session_ticks[0], cpu_ticks())  # the whole machine's CPUs
     times_file = os.environ.get(TIMES_ENV)
     if not _notebook_seconds:
         if times_file and _phase_seconds:  # make test's first stage: hand on its wall time
-            write_stage_time(times_file, "tests", elapsed, workers=_workers(config))
+            write_stage_time(times_file, "tests", elapsed, workers=_workers(config),
+                             cpu_busy=stage_busy)
+            busy = "" if stage_busy is None else f", CPUs {100 * stage_busy:.0f} % busy"
             terminalreporter.write_line(
-                f"tests stage: {elapsed:.1f} s wall on {max(_workers(config), 1)} worker(s) "
-                f"(written to {times_file} for the notebook stage's total)")
+                f"tests stage: {elapsed:.1f} s wall on {max(_workers(config), 1)} worker(s)"
+                f"{busy} (written to {times_file} for the notebook stage's total)")
         return
     budget = budget_minutes(os.environ)
     earlier = read_stage_times(times_file) if times_file else {}
     other, label = _other_seconds[0], "other tests"
+    busy = {nb: busy_share(*ticks) for nb, ticks in _notebook_ticks.items()}
     if "tests" in earlier:  # the tests ran before, in the first stage
         stage = earlier["tests"]
         other, label = other + stage["wall_s"], f"tests ({stage['workers'] or 1} workers)"
         elapsed += stage["wall_s"]
+        busy[label] = stage.get("cpu_busy")
     terminalreporter.write_sep("=", "notebook wall times")
     terminalreporter.write_line(format_wall_times(dict(_notebook_seconds), other, budget,
-                                                  elapsed_seconds=elapsed, other_label=label))
+                                                  elapsed_seconds=elapsed, other_label=label,
+                                                  cpu_busy=busy))
+    if stage_busy is not None:
+        terminalreporter.write_line(
+            f"CPU use (busy share of the machine's {os.cpu_count()} CPUs over the stage; "
+            f"every process on the machine counts): notebook stage {100 * stage_busy:.0f} %"
+            + ("" if busy.get(label) is None else f", tests stage {100 * busy[label]:.0f} %")
+            + ". Near 100 % a stage is computing, not waiting: more parallel workers would "
+              "not make it faster.")

@@ -128,10 +128,44 @@ def budget_minutes(environ: Mapping[str, str] | None = None) -> float:
     return value
 
 
+CpuTicks = tuple[int, int]
+"""``(busy, total)`` clock ticks of all CPUs since boot, from ``/proc/stat``."""
+
+
+def cpu_ticks(stat_path: str | Path = "/proc/stat") -> CpuTicks | None:
+    """All CPUs' busy and total clock ticks since boot (Linux ``/proc/stat``: idle and iowait
+    are not busy); None where there is no such file. Two readings give the share of the
+    machine a stretch of time used (:func:`busy_share`)."""
+    try:
+        with open(stat_path, encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    total = sum(ticks)
+    return total - ticks[3] - ticks[4], total
+
+
+def busy_share(start: CpuTicks | None, end: CpuTicks | None) -> float | None:
+    """The share (0..1) of all CPUs' time that was busy between two :func:`cpu_ticks`
+    readings; None when either is missing or no tick passed. Near 1, a stage gains nothing
+    from more parallel workers: it is computing, not waiting."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return (end[0] - start[0]) / (end[1] - start[1])
+
+
+def _busy(share: float | None) -> str:
+    return "" if share is None else f"  CPU {100 * share:3.0f} % busy"
+
+
 def format_wall_times(times: dict[str, float], other_seconds: float = 0.0,
                       budget_minutes: float | None = None,
                       elapsed_seconds: float | None = None,
-                      other_label: str = "other tests") -> str:
+                      other_label: str = "other tests",
+                      cpu_busy: Mapping[str, float | None] | None = None) -> str:
     """The table ``make test`` prints at the end: each notebook's wall time under nbval
     (kernel start, every cell, kernel stop), the other tests' time, and the total.
 
@@ -139,15 +173,17 @@ def format_wall_times(times: dict[str, float], other_seconds: float = 0.0,
     (``make test`` passes the wall time of its parallel tests stage, labelled with its worker
     count). The total is ``elapsed_seconds`` when given (the real wall time, collection and
     start-up included), else the sum of the rows. With ``budget_minutes`` the last line says
-    whether the total stays within it.
+    whether the total stays within it. ``cpu_busy`` maps a notebook path or ``other_label``
+    to the share of the machine's CPUs busy meanwhile (:func:`busy_share`), shown per row.
     """
+    busy = dict(cpu_busy or {})
     lines = ["notebook wall times (nbval: kernel start + every cell):"]
     width = max([len(Path(p).name) for p in times] + [len(other_label)])
     for path in sorted(times):
         lines.append(f"  {Path(path).name:<{width}}  {times[path] / 60:5.1f} min"
-                     f"  ({times[path]:6.1f} s)")
+                     f"  ({times[path]:6.1f} s){_busy(busy.get(path))}")
     lines.append(f"  {other_label:<{width}}  {other_seconds / 60:5.1f} min"
-                 f"  ({other_seconds:6.1f} s)")
+                 f"  ({other_seconds:6.1f} s){_busy(busy.get(other_label))}")
     total = sum(times.values()) + other_seconds
     label = "total"
     if elapsed_seconds is not None:
@@ -160,13 +196,17 @@ def format_wall_times(times: dict[str, float], other_seconds: float = 0.0,
     return "\n".join(lines)
 
 
-def write_stage_time(path: str | Path, stage: str, wall_seconds: float, workers: int = 0) -> None:
-    """Record one stage of ``make test`` (its wall time and pytest-xdist worker count, 0 for a
-    serial run) in the JSON file ``path``, keeping the stages already there, so the last
-    stage can print the whole suite's total against the budget."""
+def write_stage_time(path: str | Path, stage: str, wall_seconds: float, workers: int = 0,
+                     cpu_busy: float | None = None) -> None:
+    """Record one stage of ``make test`` (its wall time, pytest-xdist worker count, 0 for a
+    serial run, and the share of the CPUs it kept busy) in the JSON file ``path``, keeping
+    the stages already there, so the last stage can print the whole suite's total against
+    the budget."""
     path = Path(path)
     stages = read_stage_times(path)
     stages[stage] = {"wall_s": round(float(wall_seconds), 1), "workers": int(workers)}
+    if cpu_busy is not None:
+        stages[stage]["cpu_busy"] = round(float(cpu_busy), 3)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(stages, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, path)

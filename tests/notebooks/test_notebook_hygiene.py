@@ -153,6 +153,26 @@ def test_wall_time_table_sums_per_notebook_and_judges_the_budget():
     assert "total wall" in format_wall_times({"n.ipynb": 100.0}, 0, 3, elapsed_seconds=150.0)
 
 
+def test_cpu_use_is_read_from_proc_stat_and_shown_per_row(tmp_path):
+    from chexnet_utils.nbtools import busy_share, cpu_ticks, format_wall_times
+
+    stat = tmp_path / "stat"
+    #                 user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n")
+    assert cpu_ticks(stat) == (150, 1000)  # idle and iowait are not busy
+    assert cpu_ticks(tmp_path / "missing") is None
+    assert busy_share((150, 1000), (300, 1200)) == 0.75
+    assert busy_share(None, (300, 1200)) is None and busy_share((1, 5), (1, 5)) is None
+    busy, total = cpu_ticks()  # this machine's
+    assert 0 <= busy <= total
+    table = format_wall_times({"notebooks/00_a.ipynb": 30.0, "notebooks/01_b.ipynb": 60.0},
+                              other_seconds=60.0, other_label="tests (2 workers)",
+                              cpu_busy={"notebooks/00_a.ipynb": 0.654, "tests (2 workers)": 0.9})
+    lines = table.splitlines()
+    assert lines[1].endswith("CPU  65 % busy") and "CPU" not in lines[2]
+    assert lines[3].endswith("CPU  90 % busy")
+
+
 def test_layer_table_splits_setup_call_teardown():
     from chexnet_utils.nbtools import format_layer_times, layer_of_test
     assert layer_of_test("tests/mpi/test_cluster.py::test_x") == "mpi"
@@ -189,6 +209,7 @@ def test_make_test_prints_the_wall_time_table(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "notebook wall times" in out.stdout
     assert "tiny.ipynb" in out.stdout and "within the 15 min budget" in out.stdout
+    assert "% busy" in out.stdout and "CPU use (busy share" in out.stdout
 
 
 def test_stage_times_hand_the_tests_stage_wall_time_to_the_notebook_stage(tmp_path):
@@ -202,9 +223,10 @@ def test_stage_times_hand_the_tests_stage_wall_time_to_the_notebook_stage(tmp_pa
     assert read_stage_times(times) == {}
     times.write_text("")  # what make test's mktemp hands over
     assert read_stage_times(times) == {}
-    write_stage_time(times, "tests", 301.26, workers=2)
+    write_stage_time(times, "tests", 301.26, workers=2, cpu_busy=0.8967)
     write_stage_time(times, "notebooks", 500.0)
-    assert read_stage_times(times) == {"tests": {"wall_s": 301.3, "workers": 2},
+    assert read_stage_times(times) == {"tests": {"wall_s": 301.3, "workers": 2,
+                                                 "cpu_busy": 0.897},
                                        "notebooks": {"wall_s": 500.0, "workers": 0}}
     assert [p.name for p in tmp_path.iterdir()] == ["times.json"]  # no temp file left
     table = format_wall_times({"n.ipynb": 500.0}, 301.3, 15, elapsed_seconds=810.0,
