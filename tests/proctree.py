@@ -92,6 +92,16 @@ class Command:
         self._out.close()
 
 
+def cmdline_of(p: psutil.Process) -> str:
+    """``p``'s command line as one string; empty for a process that ended meanwhile (a short-
+    lived child seen by ``children()`` may be a zombie, without a command line, a moment
+    later: ``psutil.ZombieProcess`` is a ``NoSuchProcess``)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.NoSuchProcess:
+        return ""
+
+
 def _helper(p: psutil.Process) -> bool:
     try:
         line = " ".join(p.cmdline())

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from chexnet_utils.cli import main
-from tests.proctree import Command, signal_and_check
+from tests.proctree import Command, cmdline_of, signal_and_check
 
 SIGNALS = [pytest.param(signal.SIGTERM, id="SIGTERM"), pytest.param(signal.SIGKILL, id="SIGKILL")]
 SYNTH = ["--n", "240", "--size", "512", "--seed", "3", "--workers", "2"]
@@ -229,7 +229,7 @@ def test_a_killed_or_orphaned_kernel_leaves_no_cluster_behind(tmp_path):
         assert reply["content"]["status"] == "ok", reply["content"]
         server = psutil.Process(lab.process.pid)
         (pid,) = [p.pid for p in server.children(recursive=True)
-                  if any(f"kernel-{kernel_id}.json" in a for a in p.cmdline())]
+                  if f"kernel-{kernel_id}.json" in cmdline_of(p)]
         return pid, client
 
     import psutil

@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from chexnet_utils.lab import LabServer
+from tests.proctree import cmdline_of
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -54,7 +55,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
             # #30 item 3: the token is random and on no command line (`ps` shows those to
             # every account); the server and its kernels get it in their environment
             assert len(server.token) == 32 and server.process is not None
-            cmdlines = [" ".join(p.cmdline()) for p in
+            cmdlines = [cmdline_of(p) for p in
                         [psutil.Process(server.process.pid),
                          *psutil.Process(server.process.pid).children(recursive=True)]]
             assert not [c for c in cmdlines if server.token in c], cmdlines

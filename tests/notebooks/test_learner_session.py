@@ -47,7 +47,7 @@ import pytest
 from chexnet_utils.lab import (MPI_PROFILE, PROJECT_KERNEL, PROJECT_KERNEL_DISPLAY, LabServer,
                                notebook_title)
 from tests.notebooks.conftest import CULL_IDLE_S, CULL_INTERVAL_S
-from tests.proctree import ProcessTree
+from tests.proctree import ProcessTree, cmdline_of
 
 pytestmark = pytest.mark.slow
 
@@ -412,7 +412,7 @@ def test_sidebar_cluster_start_connect_run_stop(session: Session):
     kernels = {kernel_pid(lab, session.sidebar_kernel_id)}
     cluster = {p for p in server.children(recursive=True) if p.pid not in before
                and not kernels & {p.pid, p.ppid()}}
-    names = " ".join(" ".join(p.cmdline()) for p in cluster)
+    names = " ".join(cmdline_of(p) for p in cluster)
     assert "mpiexec" in names and "ipyparallel.controller" in names, names
     t1 = time.monotonic()
     sidebar_card(page).locator(".ipp-ClusterListingItem-stop").click()
@@ -420,7 +420,7 @@ def test_sidebar_cluster_start_connect_run_stop(session: Session):
                GONE_WITHIN_S, "the sidebar's cluster stopped", lab)
     left = [p for p in psutil.wait_procs(list(cluster), timeout=GONE_WITHIN_S)[1]]
     shoot(page, session.shots, "sidebar-stopped")
-    assert not left, f"alive after STOP: {[' '.join(p.cmdline())[:100] for p in left]}"
+    assert not left, f"alive after STOP: {[cmdline_of(p)[:100] for p in left]}"
     session.sidebar_page = page
     print(f"sidebar: {len(cluster)} processes, running after {started:.1f} s, "
           f"gone {time.monotonic() - t1:.1f} s after STOP")
