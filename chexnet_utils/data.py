@@ -3,9 +3,9 @@
 If ``CHEXNET_DATA_DIR`` points at a ChestX-ray14 folder (the real download), it is loaded
 as it is. Otherwise the synthetic stand-in for ``CHEXNET_SCALE`` is generated on first use
 in ``data/synthetic-<scale>/`` (and reused afterwards). Two processes that prepare the same
-folder at once (two notebooks opened together, two lanes of ``make test``) take turns: the
-second waits on a lock on the folder (:func:`~chexnet_utils.atomic.folder_lock`) and then
-finds it made.
+folder at once (two notebooks opened together, a notebook and ``make tutorial``) take turns:
+the second waits on a lock on the folder (:func:`~chexnet_utils.atomic.folder_lock`) and
+then finds it made.
 """
 
 from __future__ import annotations
