@@ -669,3 +669,45 @@ def test_bench_conversion_cli_reports_every_setting(tmp_path, monkeypatch):
         assert run["speedup"] > 0
     # every temporary conversion was removed
     assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_two_processes_preparing_the_same_tfrecords_take_turns(tmp_path):
+    """Two notebooks opened at once both call prepare_tfrecords (no TensorFlow: the data set
+    and the shards are written by this package): the second waits for the first (it says
+    so) and then finds the data set and the conversion made; one complete conversion
+    results. Made deterministic by holding the data folder's lock first."""
+    import time
+
+    from chexnet_utils.atomic import folder_lock
+
+    data = tmp_path / "synthetic-locktest"
+    data.mkdir()
+    script = (
+        "from pathlib import Path\n"
+        "import chexnet_utils.data as D\n"
+        "from chexnet_utils.config import Scale\n"
+        f"D.data_dir = lambda s=None: Path({str(data)!r})\n"
+        "s = Scale('locktest', n_images=40, source_size=64, image_size=32, arch='small',\n"
+        "          batch_size=8, epochs=1, max_workers=1, shard_size=8)\n"
+        "out = D.prepare_tfrecords(image_size=32, s=s, workers=1, progress=False)\n"
+        "print('done', out, flush=True)\n")
+    env = {**os.environ, "CHEXNET_WORK_DIR": str(tmp_path / "work")}
+    env.pop("CHEXNET_DATA_DIR", None)
+    logs = [tmp_path / f"p{i}.txt" for i in range(2)]
+    with folder_lock(data):  # a third preparer holds the data folder: both must wait
+        procs = [subprocess.Popen([sys.executable, "-c", script], env=env,
+                                  stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                  cwd=Path(__file__).resolve().parents[2]) for log in logs]
+        deadline = time.monotonic() + 120
+        while not all("waiting for another process that prepares" in log.read_text()
+                      for log in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [log.read_text()[-2000:] for log in logs]
+            time.sleep(0.1)
+    for p, log in zip(procs, logs):
+        assert p.wait(timeout=300) == 0, log.read_text()[-3000:]
+    outs = [log.read_text() for log in logs]
+    assert all(f"done {tmp_path / 'work' / 'tfrecords-32'}" in o for o in outs), outs
+    manifest = T.load_manifest(tmp_path / "work" / "tfrecords-32")
+    assert manifest["complete"] is True and manifest["num_images"] == 40
+    assert not [p for p in (tmp_path / "work" / "tfrecords-32").rglob("*.tmp")]
