@@ -120,10 +120,10 @@ def pytest_terminal_summary(terminalreporter, config):  # noqa: ANN001, ANN201
         if times_file and _phase_seconds:  # make test's first stage: hand on its wall time
             write_stage_time(times_file, "tests", elapsed, workers=_workers(config),
                              cpu_busy=stage_busy)
-            busy = "" if stage_busy is None else f", CPUs {100 * stage_busy:.0f} % busy"
+            busy_note = "" if stage_busy is None else f", CPUs {100 * stage_busy:.0f} % busy"
             terminalreporter.write_line(
                 f"tests stage: {elapsed:.1f} s wall on {max(_workers(config), 1)} worker(s)"
-                f"{busy} (written to {times_file} for the notebook stage's total)")
+                f"{busy_note} (written to {times_file} for the notebook stage's total)")
         return
     budget = budget_minutes(os.environ)
     earlier = read_stage_times(times_file) if times_file else {}

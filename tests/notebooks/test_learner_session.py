@@ -130,11 +130,8 @@ def kernel_pid(lab: LabServer, kernel_id: str) -> int:
     """The pid of the kernel process (its command line names its connection file)."""
     assert lab.process is not None
     for p in psutil.Process(lab.process.pid).children(recursive=True):
-        try:
-            if any(f"kernel-{kernel_id}.json" in a for a in p.cmdline()):
-                return p.pid
-        except psutil.NoSuchProcess:
-            continue
+        if f"kernel-{kernel_id}.json" in cmdline_of(p):
+            return p.pid
     raise AssertionError(f"no process for kernel {kernel_id}")
 
 

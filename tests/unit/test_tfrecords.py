@@ -695,9 +695,12 @@ def test_two_processes_preparing_the_same_tfrecords_take_turns(tmp_path):
     env.pop("CHEXNET_DATA_DIR", None)
     logs = [tmp_path / f"p{i}.txt" for i in range(2)]
     with folder_lock(data):  # a third preparer holds the data folder: both must wait
-        procs = [subprocess.Popen([sys.executable, "-c", script], env=env,
-                                  stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                  cwd=Path(__file__).resolve().parents[2]) for log in logs]
+        procs = []
+        for log in logs:
+            with log.open("w") as out:  # the child keeps its own copy of the descriptor
+                procs.append(subprocess.Popen([sys.executable, "-c", script], env=env,
+                                              stdout=out, stderr=subprocess.STDOUT,
+                                              cwd=Path(__file__).resolve().parents[2]))
         deadline = time.monotonic() + 120
         while not all("waiting for another process that prepares" in log.read_text()
                       for log in logs):
