@@ -33,6 +33,15 @@ HOROVODRUN_BIND_TO = "none"
 (``-bind-to none -map-by slot``: Horovod v0.28.1 ``docs/mpi.rst``, "Equivalent Open MPI
 command", and ``horovod/runner/mpi_run.py``), so that an engine's input pipeline can use the
 node's other cores."""
+HEARTBEAT_MS = 500
+"""How often the controller pings its engines (ipyparallel's ``HeartMonitor.period``, 3000 ms
+by default: ipyparallel 9.2 ``controller/heartmonitor.py``). An engine counts as registered
+only at the first ping after it answered one, one to two periods after it started: at the
+default, 3 to 6 s of every cluster start were spent waiting (measured: ``MPICluster(n=2)``
+up in about 7 s at 3000 ms, 3 s at 500 ms; ``docs/benchmarks.md``)."""
+HEARTBEAT_MISSES = 60
+"""Missed pings before the controller drops an engine (``HeartMonitor.max_heartmonitor_misses``,
+10 by default): 60 at :data:`HEARTBEAT_MS` keeps ipyparallel's tolerance of about 30 s."""
 
 
 def mpi_env_overrides(n_procs: int = 1, base: Mapping[str, str] | None = None,
@@ -380,13 +389,16 @@ class MPICluster:
         return the ``ipyparallel.Cluster`` settings (engine launcher, ``n``, controller
         address, engine timeout): what :meth:`start` passes, and what the JupyterLab
         sidebar's ``chexnet-mpi`` profile uses (:func:`configure_mpi_profile`). The
-        controller and engines get :meth:`env_overrides` plus ``extra_env``."""
+        controller and engines get :meth:`env_overrides` plus ``extra_env``; the controller
+        pings every :data:`HEARTBEAT_MS`."""
         env = {**self.env_overrides(), **(extra_env or {})}
         cfg.LocalControllerLauncher.environment = {  # type: ignore[attr-defined]
             **env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
         settings: dict[str, object] = {
             "engine_launcher_class": self._engine_launcher(cfg, env), "n": self.n,
-            "controller_ip": self.controller_ip, "engine_timeout": int(self.engine_timeout)}
+            "controller_ip": self.controller_ip, "engine_timeout": int(self.engine_timeout),
+            "controller_args": [f"--HeartMonitor.period={HEARTBEAT_MS}",
+                                f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]}
         if self.location:
             settings["controller_location"] = self.location
         return settings
@@ -554,6 +566,7 @@ class MPICluster:
                     self.client.close()
                 except Exception:
                     pass
+            self._terminate_local_engines()
             try:
                 self.cluster.stop_cluster_sync()
             except Exception:
@@ -592,6 +605,41 @@ class MPICluster:
         release_watchdog(self._watchdog)  # stops what still carries the token: normally none
         self._watchdog = self.lifeline = None
         self.stop_seconds = time.perf_counter() - t0
+
+    def _terminate_local_engines(self, timeout: float = 3.0) -> None:
+        """SIGTERM the engines running below this cluster's own ``mpiexec`` and wait up to
+        ``timeout`` s for them, before ipyparallel stops ``mpiexec``.
+
+        Told to stop, Open MPI 4.1's ``mpiexec`` sends its live ranks SIGCONT, sleeps
+        ``odls_base_sigkill_timeout`` seconds (1 by default: ``ompi_info --param odls all
+        --level 9``), sends SIGTERM, sleeps again, then SIGKILL
+        (``orte/mca/odls/base/odls_base_default_fns.c``, ``odls_base_default_kill_local_procs``):
+        2 s per stop however fast the engines exit; ranks that have already exited are not
+        waited for. The engines still get SIGTERM first, as before: ipyparallel's engine
+        shuts down on it. Engines elsewhere (another host, a Slurm job) are left to their
+        launcher."""
+        import psutil
+        from ipyparallel.cluster.launcher import MPILauncher
+
+        from chexnet_utils.processes import wait_gone
+
+        if self.cluster is None:
+            return
+        below: set[int] = set()
+        for launcher in self.cluster.engines.values():
+            if isinstance(launcher, MPILauncher) and launcher.process is not None:
+                try:  # launcher.process: the psutil.Process of the mpiexec it started
+                    below |= {p.pid for p in launcher.process.children(recursive=True)}
+                except psutil.Error:
+                    continue
+        engines = [p for pid, p in self._tracked.items()
+                   if pid in self.engine_pids and pid in below]
+        for proc in engines:
+            try:
+                proc.terminate()  # psutil: never a process that reused the pid
+            except psutil.Error:
+                pass
+        wait_gone(engines, timeout=timeout)
 
     def __enter__(self) -> "MPICluster":
         return self.start()

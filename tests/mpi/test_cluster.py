@@ -9,7 +9,7 @@ import cloudpickle
 import psutil
 import pytest
 
-from chexnet_utils.distributed import EngineFailure, MPICluster, rank_info
+from chexnet_utils.distributed import HEARTBEAT_MS, EngineFailure, MPICluster, rank_info
 from chexnet_utils.processes import alive
 from tests.listeners import ss_listeners
 
@@ -61,6 +61,14 @@ def test_context_manager_runs_on_every_rank_and_leaves_nothing_behind():
         # unbound by default, as horovodrun leaves its ranks (#25 item 4): every engine may
         # run on every core this process may use
         affinities = [psutil.Process(i["pid"]).cpu_affinity() for i in infos]
+        # the controller pings every HEARTBEAT_MS (an engine registers at the first ping
+        # after it answered one), and stop() ends the engines below its own mpiexec first,
+        # sparing mpiexec's SIGCONT, 1 s, SIGTERM, 1 s, SIGKILL sequence
+        controller = psutil.Process(cluster.cluster.controller.pid).cmdline()
+        assert f"--HeartMonitor.period={HEARTBEAT_MS}" in controller, controller
+        engines = [i["pid"] for i in infos]
+        cluster._terminate_local_engines()
+        assert alive(engines) == [] and alive([cluster.cluster.controller.pid]) != []
     assert all(sorted(a) == sorted(os.sched_getaffinity(0)) for a in affinities), affinities
     assert [i["rank"] for i in infos] == [0, 1]
     assert {i["pid"] for i in infos} <= pids
