@@ -33,15 +33,12 @@ HOROVODRUN_BIND_TO = "none"
 (``-bind-to none -map-by slot``: Horovod v0.28.1 ``docs/mpi.rst``, "Equivalent Open MPI
 command", and ``horovod/runner/mpi_run.py``), so that an engine's input pipeline can use the
 node's other cores."""
-HEARTBEAT_MS = 500
-"""How often the controller pings its engines (ipyparallel's ``HeartMonitor.period``, 3000 ms
-by default: ipyparallel 9.2 ``controller/heartmonitor.py``). An engine counts as registered
-only at the first ping after it answered one, one to two periods after it started: at the
-default, 3 to 6 s of every cluster start were spent waiting (measured: ``MPICluster(n=2)``
-up in about 7 s at 3000 ms, 3 s at 500 ms; ``docs/benchmarks.md``)."""
-HEARTBEAT_MISSES = 60
-"""Missed pings before the controller drops an engine (``HeartMonitor.max_heartmonitor_misses``,
-10 by default): 60 at :data:`HEARTBEAT_MS` keeps ipyparallel's tolerance of about 30 s."""
+HEARTBEAT_MS, HEARTBEAT_MISSES = 500, 60
+"""The controller's ping period (ms) and the pings an engine may miss (ipyparallel 9.2
+``controller/heartmonitor.py``: ``HeartMonitor.period`` 3000, ``max_heartmonitor_misses`` 10).
+An engine registers at the first ping after it answered one: 3-6 s of every start at the
+default (``MPICluster(n=2)`` up in 7 s, 3 s at 500 ms: ``docs/benchmarks.md``); 60 misses
+keep the ~30 s tolerance."""
 
 
 def mpi_env_overrides(n_procs: int = 1, base: Mapping[str, str] | None = None,
@@ -547,56 +544,32 @@ class MPICluster:
 
     def stop(self) -> None:
         """Stop engines and controller; wait for all their processes; kill stragglers."""
-        import shutil
         import time
-
-        import psutil
+        from contextlib import suppress
 
         from chexnet_utils.processes import (pid_alive, release_watchdog,
-                                             remove_orphan_shm_segments, wait_gone)
+                                             remove_orphan_shm_segments, stop_within)
 
         t0 = time.perf_counter()
         if self.cluster is not None:
-            try:
+            with suppress(Exception):
                 self._track_processes()
-            except Exception:
-                pass
             if self.client is not None:
-                try:
+                with suppress(Exception):
                     self.client.close()
-                except Exception:
-                    pass
             self._terminate_local_engines()
-            try:
+            with suppress(Exception):
                 self.cluster.stop_cluster_sync()
-            except Exception:
-                pass
-        procs = list(self._tracked.values())   # captured while they ran: no reused pid
-        # The engines and the controller have been told to stop and exit within a moment;
-        # what lingers is ipyparallel's engine nannies, which notice that their engine is
-        # gone only at their next poll (about 3 s) and hold nothing worth saving once it is:
-        # a nanny whose engine has exited is killed at once. Everything else gets the full
-        # stop_timeout, then SIGKILL. (Exited processes that init has not reaped yet count
-        # as gone: wait_gone.)
-        deadline = time.monotonic() + self.stop_timeout
-        alive = procs
-        while alive and time.monotonic() < deadline:
-            alive = wait_gone(alive, timeout=0.1)
-            for proc in alive:
-                try:
-                    parent = proc.ppid()  # an orphaned nanny was re-parented
-                    engine_running = parent in self.engine_pids and pid_alive(parent)
-                    if "ipyparallel.engine.nanny" in " ".join(proc.cmdline()) \
-                            and not engine_running:
-                        proc.kill()
-                except psutil.Error:
-                    pass
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        wait_gone(alive, timeout=5)
+
+        def orphaned_nanny(proc: Any) -> bool:
+            # ipyparallel's engine nannies notice that their engine is gone only at their
+            # next poll (about 3 s) and hold nothing worth saving once it is
+            parent = proc.ppid()  # an orphaned nanny was re-parented
+            return "ipyparallel.engine.nanny" in " ".join(proc.cmdline()) and not (
+                parent in self.engine_pids and pid_alive(parent))
+
+        # captured while they ran (no reused pid); told to stop, they get stop_timeout
+        stop_within(list(self._tracked.values()), self.stop_timeout, kill_at_once=orphaned_nanny)
         if self._profile_dir:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
         if self._started_at is not None:  # shared memory of engines killed with SIGKILL
@@ -606,40 +579,21 @@ class MPICluster:
         self._watchdog = self.lifeline = None
         self.stop_seconds = time.perf_counter() - t0
 
-    def _terminate_local_engines(self, timeout: float = 3.0) -> None:
-        """SIGTERM the engines running below this cluster's own ``mpiexec`` and wait up to
-        ``timeout`` s for them, before ipyparallel stops ``mpiexec``.
-
-        Told to stop, Open MPI 4.1's ``mpiexec`` sends its live ranks SIGCONT, sleeps
-        ``odls_base_sigkill_timeout`` seconds (1 by default: ``ompi_info --param odls all
-        --level 9``), sends SIGTERM, sleeps again, then SIGKILL
-        (``orte/mca/odls/base/odls_base_default_fns.c``, ``odls_base_default_kill_local_procs``):
-        2 s per stop however fast the engines exit; ranks that have already exited are not
-        waited for. The engines still get SIGTERM first, as before: ipyparallel's engine
-        shuts down on it. Engines elsewhere (another host, a Slurm job) are left to their
-        launcher."""
-        import psutil
+    def _terminate_local_engines(self, timeout: float = 3.0) -> list[Any]:
+        """SIGTERM the engines below this cluster's own ``mpiexec`` and wait for them (up to
+        ``timeout`` s) before ipyparallel stops ``mpiexec``: it would spend 2 s on its own kill
+        sequence (:data:`chexnet_utils.processes.MPIEXEC_KILL_SEQUENCE`). Engines elsewhere
+        (another host, a Slurm job) are left to their launcher. Returns those still running."""
         from ipyparallel.cluster.launcher import MPILauncher
 
-        from chexnet_utils.processes import wait_gone
+        from chexnet_utils.processes import terminate_below
 
-        if self.cluster is None:
-            return
-        below: set[int] = set()
-        for launcher in self.cluster.engines.values():
-            if isinstance(launcher, MPILauncher) and launcher.process is not None:
-                try:  # launcher.process: the psutil.Process of the mpiexec it started
-                    below |= {p.pid for p in launcher.process.children(recursive=True)}
-                except psutil.Error:
-                    continue
-        engines = [p for pid, p in self._tracked.items()
-                   if pid in self.engine_pids and pid in below]
-        for proc in engines:
-            try:
-                proc.terminate()  # psutil: never a process that reused the pid
-            except psutil.Error:
-                pass
-        wait_gone(engines, timeout=timeout)
+        if self.cluster is not None:
+            launchers = [lc.process for lc in self.cluster.engines.values()
+                         if isinstance(lc, MPILauncher) and lc.process is not None]
+            engines = [p for pid, p in self._tracked.items() if pid in self.engine_pids]
+            return terminate_below(launchers, engines, timeout)
+        return []
 
     def __enter__(self) -> "MPICluster":
         return self.start()

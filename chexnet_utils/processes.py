@@ -32,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 LIFELINE_ENV = "CHEXNET_LIFELINE"
@@ -114,6 +114,60 @@ def wait_gone(procs: Iterable[Any], timeout: float) -> list[Any]:
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)
+
+
+MPIEXEC_KILL_SEQUENCE = "SIGCONT, 1 s, SIGTERM, 1 s, SIGKILL"
+"""What Open MPI 4.1's ``mpiexec``, told to stop, does to its ranks that still run
+(``orte/mca/odls/base/odls_base_default_fns.c``, ``odls_base_default_kill_local_procs``;
+the 1 s is ``odls_base_sigkill_timeout``: ``ompi_info --param odls all --level 9``). Ranks
+that have already exited are not waited for: :func:`terminate_below` ends them first."""
+
+
+def terminate_below(parents: Iterable[Any], procs: Iterable[Any], timeout: float) -> list[Any]:
+    """SIGTERM those of ``procs`` (``psutil.Process`` objects captured earlier, so never a
+    process that reused a pid) that run below one of ``parents``; wait up to ``timeout`` s.
+    Returns the ones still running."""
+    import psutil
+
+    below: set[int] = set()
+    for parent in parents:
+        try:
+            below |= {child.pid for child in parent.children(recursive=True)}
+        except psutil.Error:
+            continue
+    chosen = [p for p in procs if p.pid in below]
+    for proc in chosen:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    return wait_gone(chosen, timeout)
+
+
+def stop_within(procs: list[Any], timeout: float,
+                kill_at_once: Callable[[Any], bool] | None = None) -> None:
+    """Wait up to ``timeout`` s for ``procs`` (``psutil.Process`` objects, already told to
+    stop) to exit, then SIGKILL the rest and wait 5 s more. Meanwhile any process for which
+    ``kill_at_once(proc)`` is true is killed at once. (A zombie counts as gone:
+    :func:`wait_gone`.)"""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    alive = procs
+    while alive and time.monotonic() < deadline:
+        alive = wait_gone(alive, timeout=0.1)
+        for proc in alive:
+            try:
+                if kill_at_once is not None and kill_at_once(proc):
+                    proc.kill()
+            except psutil.Error:
+                pass
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    wait_gone(alive, timeout=5)
 
 
 def descendants(pid: int) -> list[int]:
