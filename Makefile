@@ -18,7 +18,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench fresh-check nonroot-check gpu-build-check lock python-matrix clean distclean
+.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench bench-cluster fresh-check nonroot-check gpu-build-check lock python-matrix clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
@@ -28,6 +28,7 @@ help:
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
 	@echo "make bench      conversion, old vs new pipeline, tf.data service, Horovod scaling -> $(BUILD)/bench-*.json"
+	@echo "make bench-cluster  MPICluster start + stop: ipyparallel's and Open MPI's defaults vs the project's, side by side"
 	@echo "make fresh-check  (root) make setup + notebook 00 in a bare Debian chroot, then removed (SUITE=bookworm|trixie)"
 	@echo "make nonroot-check  (root) unit tests, notebook 00 and an engine cluster as a new normal user beside another account"
 	@echo "make gpu-build-check  the GPU stack (CUDA TensorFlow, Horovod + NCCL) built in .venv-gpu and checked, no GPU needed"
@@ -97,6 +98,11 @@ bench: setup data
 	"$(PY)" -m chexnet_utils bench service --json "$(BUILD)/bench-service.json"
 	"$(PY)" -m chexnet_utils bench scaling --workers $(BENCH_WORKERS) --emulate-accelerator 20 \
 	  --tfrecords "$(BUILD)/tfrecords-full" --json "$(BUILD)/bench-scaling.json"
+
+# How long a cluster of engines takes to start and stop (every notebook from 04 on and many
+# tests start several): the controller's heartbeat and mpiexec's kill sequence, side by side.
+bench-cluster: setup
+	"$(PY)" scripts/bench_cluster.py --repeats 3 --json "$(BUILD)/bench-cluster.json"
 
 # JupyterLab on 127.0.0.1 offering only the project kernel, with ipyparallel's sidebar
 # (chexnet_utils/lab.py); extra options through LAB_ARGS, e.g. LAB_ARGS="--port 8801".
