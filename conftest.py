@@ -26,7 +26,7 @@ import pytest
 
 from chexnet_utils.nbtools import (budget_minutes, busy_share, cpu_ticks, format_layer_times,
                                    format_wall_times, layer_of_test, notebook_of,
-                                   read_stage_times, write_stage_time)
+                                   read_stage_times, work_floor_note, write_stage_time)
 from chexnet_utils.processes import command_lifetime
 
 TIMES_ENV = "CHEXNET_TEST_TIMES"
@@ -145,3 +145,9 @@ def pytest_terminal_summary(terminalreporter, config):  # noqa: ANN001, ANN201
             + ("" if busy.get(label) is None else f", tests stage {100 * busy[label]:.0f} %")
             + ". Near 100 % a stage is computing, not waiting: more parallel workers would "
               "not make it faster.")
+    stages = {"notebook stage": (elapsed - earlier.get("tests", {}).get("wall_s", 0.0), stage_busy)}
+    if "tests" in earlier:
+        stages["tests stage"] = (earlier["tests"]["wall_s"], busy.get(label))
+    floor_note = work_floor_note(stages, os.cpu_count() or 1, budget)
+    if floor_note:
+        terminalreporter.write_line(floor_note)

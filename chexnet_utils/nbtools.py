@@ -161,6 +161,26 @@ def _busy(share: float | None) -> str:
     return "" if share is None else f"  CPU {100 * share:3.0f} % busy"
 
 
+def work_floor_note(stages: Mapping[str, tuple[float, float | None]], cpus: int,
+                    budget_minutes: float | None = None) -> str | None:
+    """One line on the CPU work of ``make test``'s stages (``{stage: (wall s, busy share)}``,
+    the share of all ``cpus`` CPUs busy meanwhile: :func:`busy_share`): their CPU-seconds and
+    the least wall time that work needs on ``cpus`` CPUs however the stages are scheduled
+    (work / cpus), against ``budget_minutes``. Every process on the machine counts, as in
+    :func:`busy_share`. None when a share is unknown."""
+    if cpus < 1 or not stages or any(b is None for _, b in stages.values()):
+        return None
+    work = {name: wall * float(b) * cpus for name, (wall, b) in stages.items()}  # type: ignore[arg-type]
+    floor = sum(work.values()) / cpus
+    parts = ", ".join(f"{name} {w:.0f}" for name, w in work.items())
+    verdict = ""
+    if budget_minutes is not None and floor > budget_minutes * 60:
+        verdict = (f": over the {budget_minutes:g} min budget before any waiting, so only less "
+                   "work can meet it, not more parallel workers")
+    return (f"CPU work: {sum(work.values()):.0f} CPU-seconds ({parts}); on {cpus} CPUs at least "
+            f"{floor / 60:.1f} min however the stages are scheduled{verdict}.")
+
+
 def format_wall_times(times: dict[str, float], other_seconds: float = 0.0,
                       budget_minutes: float | None = None,
                       elapsed_seconds: float | None = None,

@@ -173,6 +173,21 @@ def test_cpu_use_is_read_from_proc_stat_and_shown_per_row(tmp_path):
     assert lines[3].endswith("CPU  90 % busy")
 
 
+def test_cpu_work_gives_the_least_wall_time_any_schedule_needs():
+    """The stages' CPU-seconds (wall x busy share x CPUs) over the CPUs: below that no
+    overlap of the stages can go; over the budget, only less work meets it."""
+    from chexnet_utils.nbtools import work_floor_note
+
+    note = work_floor_note({"notebook stage": (600.0, 0.75), "tests stage": (500.0, 0.9)}, 2, 15)
+    assert note is not None and note.startswith("CPU work: 1800 CPU-seconds")
+    assert "notebook stage 900, tests stage 900" in note and "at least 15.0 min" in note
+    assert "over the" not in note  # 15.0 min is within 15
+    over = work_floor_note({"notebook stage": (600.0, 1.0)}, 1, 5)
+    assert over is not None and "at least 10.0 min" in over and "only less work" in over
+    assert work_floor_note({"tests stage": (10.0, None)}, 2) is None  # share unknown
+    assert work_floor_note({}, 2) is None
+
+
 def test_layer_table_splits_setup_call_teardown():
     from chexnet_utils.nbtools import format_layer_times, layer_of_test
     assert layer_of_test("tests/mpi/test_cluster.py::test_x") == "mpi"
@@ -210,6 +225,7 @@ def test_make_test_prints_the_wall_time_table(tmp_path):
     assert "notebook wall times" in out.stdout
     assert "tiny.ipynb" in out.stdout and "within the 15 min budget" in out.stdout
     assert "% busy" in out.stdout and "CPU use (busy share" in out.stdout
+    assert "CPU work: " in out.stdout and "however the stages are scheduled" in out.stdout
 
 
 def test_stage_times_hand_the_tests_stage_wall_time_to_the_notebook_stage(tmp_path):
