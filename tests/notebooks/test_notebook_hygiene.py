@@ -226,6 +226,20 @@ def test_make_test_prints_the_wall_time_table(tmp_path):
     assert "tiny.ipynb" in out.stdout and "within the 15 min budget" in out.stdout
     assert "% busy" in out.stdout and "CPU use (busy share" in out.stdout
     assert "CPU work: " in out.stdout and "however the stages are scheduled" in out.stdout
+    # as make test's second stage: the first one's wall time and CPU share are in the file
+    from chexnet_utils.nbtools import write_stage_time
+
+    times = tmp_path / "times.json"
+    write_stage_time(times, "tests", 480.0, workers=2, cpu_busy=0.9)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-c", str(root / "pyproject.toml"), "--rootdir", str(tmp_path),
+                          "-p", "conftest", "--nbval-lax", "--nbval-current-env", str(path)],
+                         cwd=root, capture_output=True, text=True, timeout=300,
+                         env={**env, "CHEXNET_TEST_TIMES": str(times)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "tests (2 workers)" in out.stdout and ", tests stage 90 %" in out.stdout
+    work = next(line for line in out.stdout.splitlines() if line.startswith("CPU work: "))
+    assert f"tests stage {480 * 0.9 * (os.cpu_count() or 1):.0f}" in work, work  # wall x share x CPUs
 
 
 def test_stage_times_hand_the_tests_stage_wall_time_to_the_notebook_stage(tmp_path):
