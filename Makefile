@@ -103,6 +103,7 @@ bench: setup data
 # tests start several): the controller's heartbeat and mpiexec's kill sequence, side by side.
 bench-cluster: setup
 	"$(PY)" scripts/bench_cluster.py --repeats 3 --json "$(BUILD)/bench-cluster.json"
+	"$(PY)" scripts/bench_cluster.py --repeats 3 --busy --json "$(BUILD)/bench-cluster-busy.json"
 
 # JupyterLab on 127.0.0.1 offering only the project kernel, with ipyparallel's sidebar
 # (chexnet_utils/lab.py); extra options through LAB_ARGS, e.g. LAB_ARGS="--port 8801".

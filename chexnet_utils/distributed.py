@@ -33,12 +33,12 @@ HOROVODRUN_BIND_TO = "none"
 (``-bind-to none -map-by slot``: Horovod v0.28.1 ``docs/mpi.rst``, "Equivalent Open MPI
 command", and ``horovod/runner/mpi_run.py``), so that an engine's input pipeline can use the
 node's other cores."""
-HEARTBEAT_MS, HEARTBEAT_MISSES = 500, 60
-"""The controller's ping period (ms) and the pings an engine may miss (ipyparallel 9.2
-``controller/heartmonitor.py``: ``HeartMonitor.period`` 3000, ``max_heartmonitor_misses`` 10).
-An engine registers at the first ping after it answered one: 3-6 s of every start at the
-default (``MPICluster(n=2)`` up in 7 s, 3 s at 500 ms: ``docs/benchmarks.md``); 60 misses
-keep the ~30 s tolerance."""
+HEARTBEAT_MS, HEARTBEAT_MISSES, ENGINE_HEARTBEAT_MISSES = 500, 60, 175
+"""Controller ping period (ms; ``HeartMonitor.period``, 3000), pings an engine may miss
+(``max_heartmonitor_misses``, 10), checks an engine may find no ping in (``IPEngine.
+max_heartbeat_misses``, 50, every period + 500 ms): ipyparallel 9.2. An engine registers at
+the first ping after it answered one, 3-6 s per start at 3000 ms (``docs/benchmarks.md``);
+both tolerances stay at 30 s and 175 s."""
 
 
 def mpi_env_overrides(n_procs: int = 1, base: Mapping[str, str] | None = None,
@@ -396,6 +396,8 @@ class MPICluster:
             "controller_ip": self.controller_ip, "engine_timeout": int(self.engine_timeout),
             "controller_args": [f"--HeartMonitor.period={HEARTBEAT_MS}",
                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]}
+        cfg.EngineLauncher.engine_args = [  # type: ignore[attr-defined]
+            f"--IPEngine.max_heartbeat_misses={ENGINE_HEARTBEAT_MISSES}"]
         if self.location:
             settings["controller_location"] = self.location
         return settings
@@ -510,14 +512,10 @@ class MPICluster:
         make_private(self._profile_dir)
 
     def _launcher_pids(self) -> list[int]:
-        pids = []
-        if self.cluster is not None:
-            launchers = [self.cluster.controller, *self.cluster.engines.values()]
-            for launcher in launchers:
-                pid = getattr(launcher, "pid", None)
-                if pid:
-                    pids.append(int(pid))
-        return pids
+        if self.cluster is None:
+            return []
+        launchers = [self.cluster.controller, *self.cluster.engines.values()]
+        return [int(pid) for launcher in launchers if (pid := getattr(launcher, "pid", None))]
 
     def _track(self, pid: int, with_children: bool = True) -> None:
         """Remember process ``pid`` (and, with ``with_children``, every process below it) as
@@ -557,13 +555,12 @@ class MPICluster:
             if self.client is not None:
                 with suppress(Exception):
                     self.client.close()
-            self._terminate_local_engines()
+            with suppress(Exception):
+                self._terminate_local_engines()
             with suppress(Exception):
                 self.cluster.stop_cluster_sync()
 
-        def orphaned_nanny(proc: Any) -> bool:
-            # ipyparallel's engine nannies notice that their engine is gone only at their
-            # next poll (about 3 s) and hold nothing worth saving once it is
+        def orphaned_nanny(proc: Any) -> bool:  # it would notice at its next poll (~3 s)
             parent = proc.ppid()  # an orphaned nanny was re-parented
             return "ipyparallel.engine.nanny" in " ".join(proc.cmdline()) and not (
                 parent in self.engine_pids and pid_alive(parent))
@@ -579,20 +576,21 @@ class MPICluster:
         self._watchdog = self.lifeline = None
         self.stop_seconds = time.perf_counter() - t0
 
-    def _terminate_local_engines(self, timeout: float = 3.0) -> list[Any]:
-        """SIGTERM the engines below this cluster's own ``mpiexec`` and wait for them (up to
-        ``timeout`` s) before ipyparallel stops ``mpiexec``: it would spend 2 s on its own kill
-        sequence (:data:`chexnet_utils.processes.MPIEXEC_KILL_SEQUENCE`). Engines elsewhere
-        (another host, a Slurm job) are left to their launcher. Returns those still running."""
+    def _terminate_local_engines(self, timeout: float = 2.0) -> list[Any]:
+        """SIGTERM the engines below this cluster's ``mpiexec``, wait up to ``timeout`` s, SIGKILL
+        the rest (a busy engine ignores SIGTERM), as ``mpiexec`` would in 2 s whatever they do
+        (:data:`chexnet_utils.processes.MPIEXEC_KILL_SEQUENCE`). Engines elsewhere (another host,
+        a Slurm job) are left to their launcher. Returns those that outlived the SIGTERM."""
         from ipyparallel.cluster.launcher import MPILauncher
 
-        from chexnet_utils.processes import terminate_below
+        from chexnet_utils.processes import stop_within, terminate_below
 
         if self.cluster is not None:
             launchers = [lc.process for lc in self.cluster.engines.values()
                          if isinstance(lc, MPILauncher) and lc.process is not None]
             engines = [p for pid, p in self._tracked.items() if pid in self.engine_pids]
-            return terminate_below(launchers, engines, timeout)
+            stop_within(survivors := terminate_below(launchers, engines, timeout), 0.0)
+            return survivors
         return []
 
     def __enter__(self) -> "MPICluster":

@@ -208,18 +208,29 @@ def test_terminate_below_signals_only_the_given_processes_below_the_given_parent
 
 
 def test_stop_within_kills_at_once_what_it_is_told_and_the_rest_after_the_timeout() -> None:
+    import threading
     import time
 
     import psutil
 
     slow = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
-    procs = [psutil.Process(p.pid) for p in slow]
+    ended: dict[int, float] = {}
+
+    def watch(p: subprocess.Popen) -> None:
+        p.wait()
+        ended[p.pid] = time.monotonic()
+
+    watchers = [threading.Thread(target=watch, args=(p,)) for p in slow]
+    for w in watchers:
+        w.start()
     t0 = time.monotonic()
-    P.stop_within(procs, timeout=0.5, kill_at_once=lambda proc: proc.pid == slow[0].pid)
-    for p in slow:
-        p.wait(timeout=5)
+    P.stop_within([psutil.Process(p.pid) for p in slow], timeout=3.0,
+                  kill_at_once=lambda proc: proc.pid == slow[0].pid)
+    for w in watchers:
+        w.join(timeout=10)
     assert [p.returncode for p in slow] == [-signal.SIGKILL, -signal.SIGKILL]
-    assert 0.5 <= time.monotonic() - t0 < 10  # the second waited for the timeout
+    assert ended[slow[0].pid] - t0 < 2.0  # told: killed at once
+    assert ended[slow[1].pid] - t0 >= 3.0  # the rest: after the timeout
 
 
 @pytest.mark.parametrize("end", ["killed", "released", "closed"])
