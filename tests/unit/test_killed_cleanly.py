@@ -179,34 +179,6 @@ def test_wait_pids_gone_returns_the_survivors_and_counts_exited_children_as_gone
     assert wait_pids_gone([slow.pid], timeout=5) == []
 
 
-def test_terminate_below_signals_only_the_given_processes_below_the_given_parents() -> None:
-    """MPICluster.stop's first step: the engines below its own mpiexec get SIGTERM (and may
-    exit cleanly); a process below another parent, or not among those given, is untouched."""
-    import time
-
-    import psutil
-
-    shell = "sleep 30 & sleep 30 & wait"
-    parent = subprocess.Popen(["sh", "-c", shell])
-    other = subprocess.Popen(["sh", "-c", shell])
-    try:
-        mine = psutil.Process(parent.pid)
-        for _ in range(500):  # until both shells have forked their two children
-            if len(mine.children()) == 2 and len(psutil.Process(other.pid).children()) == 2:
-                break
-            time.sleep(0.02)
-        kids = mine.children()
-        others = psutil.Process(other.pid).children()
-        assert P.terminate_below([mine], [kids[0], *others], timeout=10) == []
-        assert not kids[0].is_running() or kids[0].status() == psutil.STATUS_ZOMBIE
-        assert kids[1].is_running() and all(o.is_running() for o in others)
-    finally:
-        for proc in (parent, other):
-            for child in psutil.Process(proc.pid).children():
-                child.kill()
-            proc.wait()
-
-
 def test_stop_within_kills_at_once_what_it_is_told_and_the_rest_after_the_timeout() -> None:
     import threading
     import time
