@@ -129,11 +129,13 @@ def pytest_terminal_summary(terminalreporter, config):  # noqa: ANN001, ANN201
     earlier = read_stage_times(times_file) if times_file else {}
     other, label = _other_seconds[0], "other tests"
     busy = {nb: busy_share(*ticks) for nb, ticks in _notebook_ticks.items()}
+    stages = {"notebook stage": (elapsed, stage_busy)}  # this stage alone, for the CPU work
     if "tests" in earlier:  # the tests ran before, in the first stage
         stage = earlier["tests"]
         other, label = other + stage["wall_s"], f"tests ({stage['workers'] or 1} workers)"
         elapsed += stage["wall_s"]
         busy[label] = stage.get("cpu_busy")
+        stages["tests stage"] = (stage["wall_s"], busy[label])
     terminalreporter.write_sep("=", "notebook wall times")
     terminalreporter.write_line(format_wall_times(dict(_notebook_seconds), other, budget,
                                                   elapsed_seconds=elapsed, other_label=label,
@@ -145,9 +147,6 @@ def pytest_terminal_summary(terminalreporter, config):  # noqa: ANN001, ANN201
             + ("" if busy.get(label) is None else f", tests stage {100 * busy[label]:.0f} %")
             + ". Near 100 % a stage is computing, not waiting: more parallel workers would "
               "not make it faster.")
-    stages = {"notebook stage": (elapsed - earlier.get("tests", {}).get("wall_s", 0.0), stage_busy)}
-    if "tests" in earlier:
-        stages["tests stage"] = (earlier["tests"]["wall_s"], busy.get(label))
     floor_note = work_floor_note(stages, os.cpu_count() or 1, budget)
     if floor_note:
         terminalreporter.write_line(floor_note)
