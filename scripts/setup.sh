@@ -112,6 +112,28 @@ if [ "$needs_venv" = 1 ]; then
 fi
 PIP=("$PY" -m pip --disable-pip-version-check)
 stamp_dir=$("$PY" -c 'import sys; print(sys.prefix)')
+# uv_install_locks LOCK NODEPS_LOCK: install both locks with uv (itself pip-installed from
+# requirements/uv.txt, hash-checked), from the index URLs and find-links pip is configured
+# with (scripts/pip_indexes.py), all indexes searched as pip does (the hashes pin every
+# file), byte-compiled as pip would. Returns non-zero, saying why, where uv is not
+# installable or fails: the caller then installs with pip.
+uv_install_locks() {
+  local log args
+  log=$(mktemp)
+  if ! "${PIP[@]}" install -q --require-hashes --only-binary :all: -r requirements/uv.txt >"$log" 2>&1; then
+    say "uv not installable here ($(grep -m1 -i 'error' "$log" || tail -n1 "$log")): installing with pip"
+    rm -f "$log"; return 1
+  fi
+  mapfile -t args < <("$PY" scripts/pip_indexes.py)
+  if "$PY" -m uv pip install -q --python "$PY" --require-hashes --no-build --compile-bytecode \
+       --index-strategy unsafe-best-match "${args[@]}" -r "$1" >"$log" 2>&1 &&
+     "$PY" -m uv pip install -q --python "$PY" --require-hashes --no-build --compile-bytecode \
+       --index-strategy unsafe-best-match --no-deps "${args[@]}" -r "$2" >>"$log" 2>&1; then
+    rm -f "$log"; return 0
+  fi
+  say "uv could not install the lock ($(grep -m1 -i 'error' "$log" || tail -n1 "$log")): installing with pip"
+  rm -f "$log"; return 1
+}
 # The lock for this Python and build (`make lock` writes them from the pins; scripts/lock_requirements.py)
 PY_LOCK=py$(py_xy "$PY" | tr -d .)
 flavour=cpu; [ "$GPU" = 1 ] && flavour=gpu
@@ -132,9 +154,17 @@ if [ ! -f "$stamp_dir/.chexnet-req-$req_hash" ]; then
     rm -f "$stamp_dir/.chexnet-horovod-built-for"
   fi
   # every file's sha256 must be in the lock; wheels only (an sdist's build dependencies would
-  # be fetched unchecked)
-  "${PIP[@]}" install -q --require-hashes --only-binary :all: -r "$LOCK"
-  "${PIP[@]}" install -q --require-hashes --only-binary :all: --no-deps -r "$LOCK_NODEPS"  # see requirements/no-deps.txt
+  # be fetched unchecked). uv (requirements/uv.txt) installs the same files about 3x faster,
+  # from the indexes pip is configured with; pip does it where uv cannot (SETUP_INSTALLER=pip
+  # skips uv).
+  t_install=$(date +%s)
+  if [ "${SETUP_INSTALLER:-uv}" = uv ] && uv_install_locks "$LOCK" "$LOCK_NODEPS"; then
+    say "installed with uv in $(( $(date +%s) - t_install )) s"
+  else
+    "${PIP[@]}" install -q --require-hashes --only-binary :all: -r "$LOCK"
+    "${PIP[@]}" install -q --require-hashes --only-binary :all: --no-deps -r "$LOCK_NODEPS"  # see requirements/no-deps.txt
+    say "installed with pip in $(( $(date +%s) - t_install )) s"
+  fi
   rm -f "$stamp_dir"/.chexnet-req-*
   touch "$stamp_dir/.chexnet-req-$req_hash"
 else

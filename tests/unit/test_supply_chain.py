@@ -219,3 +219,42 @@ def test_the_lock_keeps_the_linux_wheels_this_python_can_install():
     assert fits("numpy-2.2.6-cp313-cp313-win_amd64.whl", "2.2.6", cp313) is None
     assert fits("numpy-2.2.6-cp313-cp313-musllinux_1_2_x86_64.whl", "2.2.6", cp313) is None
     assert fits("numpy-2.2.6.tar.gz", "2.2.6", cp313) is None         # wheels only
+
+
+def _script(name: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_uv_looks_where_pip_is_configured_to_look_environment_first():
+    args = _script("pip_indexes").uv_index_args([
+        "global.cert='/etc/ssl/certs/ca-certificates.crt'",
+        "global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'",
+        "global.find-links='/opt/wheels'",
+        "global.index-url='https://mirror.example/simple'",
+        "install.index-url='https://install.example/simple'",
+        ":env:.find-links='/env/wheels'",
+    ])
+    assert args == ["--index-url", "https://install.example/simple",
+                    "--extra-index-url", "file:///opt/a/simple",
+                    "--extra-index-url", "file:///opt/b/simple",
+                    "--find-links", "/env/wheels"]
+    assert _script("pip_indexes").uv_index_args([]) == []   # pip's defaults are uv's: PyPI
+    # docs/facilitator.md's offline room: PIP_NO_INDEX=1 PIP_FIND_LINKS=/shared/wheelhouse
+    assert _script("pip_indexes").uv_index_args(
+        [":env:.no-index='1'", ":env:.find-links='/shared/wheelhouse'"]) == [
+        "--no-index", "--find-links", "/shared/wheelhouse"]
+
+
+def test_uv_is_pinned_by_digest_and_setup_falls_back_to_pip():
+    pins = (ROOT / "requirements" / "uv.txt").read_text()
+    assert re.search(r"^uv==[\d.]+ \\$", pins, re.M)
+    assert len(re.findall(r"--hash=sha256:[0-9a-f]{64}", pins)) >= 2   # x86_64 and aarch64
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "--require-hashes --only-binary :all: -r requirements/uv.txt" in setup
+    assert setup.count("--require-hashes --no-build") == 2        # both locks, hash-checked
+    fallback = setup[setup.index("uv_install_locks \"$LOCK\""):]
+    assert fallback.index('"${PIP[@]}" install -q --require-hashes') < fallback.index("\nfi")
