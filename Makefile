@@ -18,7 +18,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench bench-cluster fresh-check nonroot-check gpu-build-check lock python-matrix clean distclean
+.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench bench-cluster bench-preset fresh-check nonroot-check gpu-build-check lock python-matrix clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
@@ -29,6 +29,7 @@ help:
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
 	@echo "make bench      conversion, old vs new pipeline, tf.data service, Horovod scaling -> $(BUILD)/bench-*.json"
 	@echo "make bench-cluster  MPICluster start + stop: ipyparallel's and Open MPI's defaults vs the project's, side by side"
+	@echo "make bench-preset  notebooks 02 and 07 with 8 and with 5 timed batches, alternating: does a shorter ci preset still show their effects?"
 	@echo "make fresh-check  (root) make setup + notebook 00 in a bare Debian chroot, then removed (SUITE=bookworm|trixie)"
 	@echo "make nonroot-check  (root) unit tests, notebook 00 and an engine cluster as a new normal user beside another account"
 	@echo "make gpu-build-check  the GPU stack (CUDA TensorFlow, Horovod + NCCL) built in .venv-gpu and checked, no GPU needed"
@@ -104,6 +105,21 @@ bench: setup data
 bench-cluster: setup
 	"$(PY)" scripts/bench_cluster.py --repeats 3 --json "$(BUILD)/bench-cluster.json"
 	"$(PY)" scripts/bench_cluster.py --repeats 3 --busy --json "$(BUILD)/bench-cluster-busy.json"
+
+# Does a shorter ci preset still show the notebooks' effects? Notebook 02 runs whole,
+# alternately with the timed batches the preset had (8) and those it has now (5), and notebook
+# 07 with 8 and 5 (the trim it did not take: its cache speed-up moved; config.Scale's
+# docstrings). scripts/bench_preset.py: every run's headline figures, medians and spreads.
+bench-preset: setup data
+	"$(PY)" scripts/bench_preset.py --notebook 02_input_pipeline_old_vs_new --record 02_input_pipeline \
+	  --a CHEXNET_BENCH_BATCHES=8 --b CHEXNET_BENCH_BATCHES=$(PRESET_BATCHES) --repeats 2 \
+	  --keys new_over_old new_over_ceiling idle_fraction_old idle_fraction_new \
+	  emulated_gpu_wait_old emulated_gpu_wait_new --json "$(BUILD)/bench-preset-02.json"
+	"$(PY)" scripts/bench_preset.py --notebook 07_feeding_at_scale --record 07_feeding_at_scale \
+	  --a CHEXNET_FEEDING_BATCHES=8 --b CHEXNET_FEEDING_BATCHES=5 --repeats 2 \
+	  --keys $(PRESET_KEYS_07) --json "$(BUILD)/bench-preset-07.json"
+PRESET_BATCHES ?= $(shell "$(PY)" -c 'from chexnet_utils.config import SCALES; print(SCALES["ci"].bench_batches)' 2>/dev/null)
+PRESET_KEYS_07 := cache_speedup tfdata_img_per_s service_over_local
 
 # JupyterLab on 127.0.0.1 offering only the project kernel, with ipyparallel's sidebar
 # (chexnet_utils/lab.py); extra options through LAB_ARGS, e.g. LAB_ARGS="--port 8801".
