@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -82,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per cell")
     ap.add_argument("--json", type=Path, help="write every run's figures here")
     args = ap.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: nbclient's cleanup then shuts the notebook's kernel down
+    # (with the default action the kernel, its engines and its locks would outlive this)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     path = config.repo_root() / "notebooks" / f"{args.notebook}.ipynb"
     if not path.exists():
         raise SystemExit(f"no notebook {path}")
