@@ -45,24 +45,15 @@ setup:
 #   1. tests/ on TEST_WORKERS pytest-xdist workers (default 2): most of those tests wait on
 #      engines, daemons, subprocesses and browsers, so a second worker fills the waits; tests
 #      that must not run side by side share a worker (XDIST_GROUPS in tests/conftest.py);
-#      beside it, at nice 19 (the CPU the tests leave idle), the data set and TFRecords the
-#      notebooks read (`python -m chexnet_utils data --tfrecords`; notebook 01 would otherwise
-#      make them inside its first cells), awaited before stage 2;
 #   2. every notebook under nbval in one serial process, with nothing else running: their
 #      cells time pipelines, training steps and allreduces (conftest.py refuses notebooks
 #      under xdist). Its closing table adds stage 1's wall time (handed over in a temporary
 #      file) and judges the total against the 15-minute budget.
 TEST_WORKERS ?= 2
 test: setup
-	@times=$$(mktemp); datalog=$$(mktemp); data_pid=; rc=0; \
-	trap 'rm -f "$$times" "$$datalog"; [ -z "$$data_pid" ] || kill "$$data_pid" 2>/dev/null' EXIT; \
-	t_data=$$(date +%s); nice -n 19 "$(PY)" -m chexnet_utils data --tfrecords >"$$datalog" 2>&1 & data_pid=$$!; \
+	@times=$$(mktemp); trap 'rm -f "$$times"' EXIT; rc=0; \
 	CHEXNET_TEST_TIMES="$$times" "$(PY)" -m pytest tests -n $(TEST_WORKERS) --dist loadscope \
 	  --durations=25 $(PYTEST_ARGS) || rc=$$?; \
-	if wait "$$data_pid"; then \
-	  echo "the notebooks' data set and TFRecords, made beside the tests stage at nice 19: ready after $$(( $$(date +%s) - t_data )) s"; \
-	else echo "make test: making the notebooks' data beside the tests failed (the notebooks make it themselves):"; cat "$$datalog"; fi; \
-	data_pid=; \
 	CHEXNET_TEST_TIMES="$$times" "$(PY)" -m pytest $(NOTEBOOKS) --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=0 $(PYTEST_ARGS) || rc=$$?; \
 	if [ "$$rc" != 0 ]; then echo "make test: FAILED (a stage above failed; exit $$rc)"; fi; \

@@ -63,15 +63,9 @@ def _cmd_envcheck(args: argparse.Namespace) -> int:
 def _cmd_data(args: argparse.Namespace) -> int:
     from chexnet_utils.data import prepare_data
 
-    ds = prepare_data(progress=not args.tfrecords)
+    ds = prepare_data()
     print(f"data set: {ds.root} ({len(ds.records)} images, "
           f"{len(ds.train_val_names)} train/val, {len(ds.test_names)} test)")
-    if args.tfrecords:
-        from chexnet_utils.config import scale
-        from chexnet_utils.data import prepare_tfrecords
-
-        for size in (None, scale().image_size):  # what notebooks 02-08 read
-            print("TFRecords:", prepare_tfrecords(size, progress=False))
     return 0
 
 
@@ -323,9 +317,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_envcheck)
 
     p = sub.add_parser("data", help="make sure the data set for CHEXNET_SCALE exists")
-    p.add_argument("--tfrecords", action="store_true",
-                   help="also its TFRecords the notebooks read: full-size and at the preset's "
-                        "image size (make test makes them while the tests run)")
     p.set_defaults(handler=_cmd_data)
 
     p = sub.add_parser("tutorial", help="execute notebooks headless, print the results")

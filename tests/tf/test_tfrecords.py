@@ -169,33 +169,3 @@ def test_resize_and_jpeg(dataset, tmp_path, tf):
     assert small.shape == (16, 16, 1)
     assert 0.0 <= float(tf.reduce_min(small)) <= float(tf.reduce_max(small)) <= 1.0
     assert T.verify(out, root, decode_images=True).ok
-
-
-def test_data_command_makes_the_data_set_and_the_tfrecords_the_notebooks_read(
-        tmp_path, monkeypatch, capsys):
-    """``python -m chexnet_utils data --tfrecords`` (what ``make test`` runs beside the tests
-    stage): the preset's synthetic data set, then its TFRecords full-size and at the preset's
-    image size, in the folders the notebooks' ``prepare_tfrecords`` calls reuse."""
-    from dataclasses import replace
-
-    from chexnet_utils import config
-    from chexnet_utils.cli import main
-    from chexnet_utils.data import prepare_tfrecords, tfrecords_dir
-    from chexnet_utils.tfrecords import load_manifest
-
-    tiny = replace(config.SCALES["ci"], name="tiny", n_images=40, source_size=64, image_size=32,
-                   shard_size=8)
-    monkeypatch.setitem(config.SCALES, "tiny", tiny)
-    monkeypatch.setenv("CHEXNET_SCALE", "tiny")
-    monkeypatch.delenv("CHEXNET_DATA_DIR", raising=False)
-    monkeypatch.setattr(config, "repo_root", lambda: tmp_path)      # data/synthetic-tiny here
-    monkeypatch.setenv("CHEXNET_WORK_DIR", str(tmp_path / "build"))
-    assert main(["data", "--tfrecords"]) == 0
-    out = capsys.readouterr().out
-    assert "data set:" in out and "(40 images" in out
-    for size in (None, 32):
-        assert f"TFRecords: {tfrecords_dir(size)}" in out
-        assert load_manifest(tfrecords_dir(size))["num_images"] == 40
-    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "build").rglob("*.tfrecord")}
-    assert before and prepare_tfrecords(None, progress=False) == tfrecords_dir(None)
-    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "build").rglob("*.tfrecord")} == before
