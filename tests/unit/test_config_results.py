@@ -95,3 +95,23 @@ def test_every_presets_scaling_warmup_outlasts_the_old_pipelines_stock():
     for s in SCALES.values():
         stock = s.scaling_batch_size + math.ceil(SHUFFLE_BUFFER / s.scaling_batch_size)
         assert s.scaling_warmup_steps > stock, s.name
+
+
+def test_bench_preset_compares_only_the_presets_overrides():
+    """``make bench-preset`` (scripts/bench_preset.py) runs a notebook under two settings of
+    the preset's environment overrides; anything else would not change what it times."""
+    import importlib.util
+
+    from chexnet_utils.config import repo_root
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_preset", repo_root() / "scripts" / "bench_preset.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.parse_env(["CHEXNET_BENCH_BATCHES=5", "CHEXNET_FEEDING_BATCHES=8"]) == {
+        "CHEXNET_BENCH_BATCHES": "5", "CHEXNET_FEEDING_BATCHES": "8"}
+    with pytest.raises(SystemExit, match="not a preset override: \\['CHEXNET_BATCHES'\\]"):
+        bench.parse_env(["CHEXNET_BATCHES=5"])
+    assert bench.summary([2.0, 1.0, 4.0]) == "2 1 4  median 2, max/min 4.00"
+    assert config.scale("ci").bench_batches == 5 and config.scale("ci").feeding_batches == 8
+    assert config.scale("workstation").bench_batches == 8
