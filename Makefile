@@ -117,9 +117,8 @@ bench-preset: setup data
 	  emulated_gpu_wait_old emulated_gpu_wait_new --json "$(BUILD)/bench-preset-02.json"
 	"$(PY)" scripts/bench_preset.py --notebook 07_feeding_at_scale --record 07_feeding_at_scale \
 	  --a CHEXNET_FEEDING_BATCHES=8 --b CHEXNET_FEEDING_BATCHES=5 --repeats 2 \
-	  --keys $(PRESET_KEYS_07) --json "$(BUILD)/bench-preset-07.json"
+	  --keys cache_speedup tfdata_img_per_s service_over_local --json "$(BUILD)/bench-preset-07.json"
 PRESET_BATCHES ?= $(shell "$(PY)" -c 'from chexnet_utils.config import SCALES; print(SCALES["ci"].bench_batches)' 2>/dev/null)
-PRESET_KEYS_07 := cache_speedup tfdata_img_per_s service_over_local
 
 # JupyterLab on 127.0.0.1 offering only the project kernel, with ipyparallel's sidebar
 # (chexnet_utils/lab.py); extra options through LAB_ARGS, e.g. LAB_ARGS="--port 8801".

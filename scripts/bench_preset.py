@@ -2,7 +2,8 @@
 
 The ci preset (``chexnet_utils.config.SCALES["ci"]``) sets how many batches, steps and
 repeats the notebooks time under nbval; fewer make ``make test`` faster and each figure
-noisier. This runs a whole notebook top to bottom (nbclient, the project kernel) alternately
+noisier. This runs a whole notebook top to bottom (``tutorial.execute_notebook``: a fresh
+kernel; the executed copies in ``<work dir>/bench-preset/A`` and ``B``) alternately
 under two settings of the preset's environment overrides (A, B, B, A, ...; e.g.
 ``CHEXNET_BENCH_BATCHES=8`` against ``=5``), reads the headline figures the notebook recorded
 (``results.json``) after each run, and prints, per figure, every run's value under each
@@ -18,39 +19,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import nbformat
-from nbclient import NotebookClient
-
 from chexnet_utils import config, results
+from chexnet_utils.processes import command_lifetime, exit_status, interruption
+from chexnet_utils.tutorial import execute_notebook
 
-KERNEL = "chexnet-at-scale"
 
-
-def run_notebook(path: Path, env: dict[str, str], timeout: int) -> float:
-    """Execute the notebook at ``path`` in a fresh project kernel with ``env`` added to the
-    kernel's environment; the wall seconds it took."""
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name=KERNEL,
-                            resources={"metadata": {"path": str(path.parent)}})
+def run_notebook(path: Path, env: dict[str, str], out_dir: Path, timeout: int) -> float:
+    """:func:`chexnet_utils.tutorial.execute_notebook` (a fresh kernel, the executed copy in
+    ``out_dir``) with ``env`` added to the kernel's environment; the wall seconds it took.
+    A failed cell stops the benchmark: its figures would not be the notebook's."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits this process's environment
-    t0 = time.perf_counter()
     try:
-        client.execute()
+        run = execute_notebook(path, out_dir, timeout=timeout)
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return time.perf_counter() - t0
+    if run.error:
+        raise SystemExit(f"{path.name} with {env} failed: {run.error} (see {run.executed})")
+    return run.seconds
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
@@ -83,9 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per cell")
     ap.add_argument("--json", type=Path, help="write every run's figures here")
     args = ap.parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C: nbclient's cleanup then shuts the notebook's kernel down
-    # (with the default action the kernel, its engines and its locks would outlive this)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # as every command of the package: SIGTERM cleans up like Ctrl-C (the notebook's kernel
+    # is shut down) and nothing it started outlives it
+    with command_lifetime():
+        try:
+            return compare(args)
+        except KeyboardInterrupt as e:
+            print(f"\ninterrupted by {interruption(e)}", file=sys.stderr, flush=True)
+            return exit_status(e)
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Run the notebook under both settings, alternating; print and write the figures."""
     path = config.repo_root() / "notebooks" / f"{args.notebook}.ipynb"
     if not path.exists():
         raise SystemExit(f"no notebook {path}")
@@ -94,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     order = [s for r in range(args.repeats) for s in (("A", "B") if r % 2 == 0 else ("B", "A"))]
     for i, name in enumerate(order, 1):
-        wall = run_notebook(path, settings[name], args.timeout)
+        wall = run_notebook(path, settings[name], config.work_dir() / "bench-preset" / name,
+                            args.timeout)
         headline = results.load(results.results_path()).get(record, {})
         runs[name].append({"wall_s": wall, **{k: headline.get(k) for k in args.keys}})
         print(f"[{i}/{len(order)}] {name} {settings[name]}: {wall:.1f} s", flush=True)

@@ -100,14 +100,9 @@ def test_every_presets_scaling_warmup_outlasts_the_old_pipelines_stock():
 def test_bench_preset_compares_only_the_presets_overrides():
     """``make bench-preset`` (scripts/bench_preset.py) runs a notebook under two settings of
     the preset's environment overrides; anything else would not change what it times."""
-    import importlib.util
+    from tests.scripts import load_script
 
-    from chexnet_utils.config import repo_root
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_preset", repo_root() / "scripts" / "bench_preset.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_preset")
     assert bench.parse_env(["CHEXNET_BENCH_BATCHES=5", "CHEXNET_FEEDING_BATCHES=8"]) == {
         "CHEXNET_BENCH_BATCHES": "5", "CHEXNET_FEEDING_BATCHES": "8"}
     with pytest.raises(SystemExit, match="not a preset override: \\['CHEXNET_BATCHES'\\]"):

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 DIGESTS = ROOT / "scripts" / "digests.sh"
 LOCKS = ROOT / "requirements" / "lock"
@@ -196,17 +198,8 @@ def test_environment_yml_accepts_the_versions_setup_accepts():
     assert "- pip:" not in text      # no unchecked pip install: make setup CONDA=1 uses the lock
 
 
-def _lock_script():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("lock_requirements",
-                                                  ROOT / "scripts" / "lock_requirements.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_lock_keeps_the_linux_wheels_this_python_can_install():
-    fits = _lock_script().wheel_fits
+    fits = load_script("lock_requirements").wheel_fits
     cp313 = {("cp313", "cp313"), ("cp313", "abi3"), ("cp313", "none"), ("py3", "none"),
              ("cp312", "abi3")}
     assert fits("numpy-2.2.6-cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
@@ -221,16 +214,8 @@ def test_the_lock_keeps_the_linux_wheels_this_python_can_install():
     assert fits("numpy-2.2.6.tar.gz", "2.2.6", cp313) is None         # wheels only
 
 
-def _script(name: str):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_uv_looks_where_pip_is_configured_to_look_environment_first():
-    args = _script("pip_indexes").uv_index_args([
+    args = load_script("pip_indexes").uv_index_args([
         "global.cert='/etc/ssl/certs/ca-certificates.crt'",
         "global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'",
         "global.find-links='/opt/wheels'",
@@ -242,9 +227,9 @@ def test_uv_looks_where_pip_is_configured_to_look_environment_first():
                     "--extra-index-url", "file:///opt/a/simple",
                     "--extra-index-url", "file:///opt/b/simple",
                     "--find-links", "/env/wheels"]
-    assert _script("pip_indexes").uv_index_args([]) == []   # pip's defaults are uv's: PyPI
+    assert load_script("pip_indexes").uv_index_args([]) == []   # pip's defaults are uv's: PyPI
     # docs/facilitator.md's offline room: PIP_NO_INDEX=1 PIP_FIND_LINKS=/shared/wheelhouse
-    assert _script("pip_indexes").uv_index_args(
+    assert load_script("pip_indexes").uv_index_args(
         [":env:.no-index='1'", ":env:.find-links='/shared/wheelhouse'"]) == [
         "--no-index", "--find-links", "/shared/wheelhouse"]
 
