@@ -432,10 +432,12 @@ class MPICluster:
                                              dir=self.profile_parent)
         os.chmod(self._profile_dir, 0o700)
         cfg = Config()
-        from chexnet_utils.processes import LIFELINE_ENV, lifeline_tokens, start_watchdog
+        from chexnet_utils.processes import (LIFELINE_ENV, lifeline_tokens, start_watchdog,
+                                             watchdog_remove_on_death)
 
         self.lifeline = f"ipp-{os.getpid()}-{secrets.token_hex(4)}"
         self._watchdog = start_watchdog(os.getpid(), self.lifeline)
+        watchdog_remove_on_death(self._watchdog, self._profile_dir)  # a dead kernel leaves none
         try:
             settings = self.ipyparallel_config(
                 cfg, {LIFELINE_ENV: ",".join([*lifeline_tokens(), self.lifeline])})

@@ -285,14 +285,40 @@ def stop_marked(token: str, exclude: Iterable[int] = (), grace: float = 3.0,
     return sorted(signalled)
 
 
-def _read_lines(fd: int, pending: bytearray, on_death: list[list[str]] | None,
+class DeathPlan:
+    """What a watchdog does beyond stopping the marked processes when its parent dies:
+    ``commands`` run first (:func:`watchdog_on_death`), ``paths`` removed once the processes
+    are gone (:func:`watchdog_remove_on_death`)."""
+
+    def __init__(self) -> None:
+        self.commands: list[list[str]] = []
+        self.paths: list[str] = []
+
+    def add(self, line: bytes) -> bool:
+        """Take one ``on-death [argv]`` or ``remove-on-death "path"`` line; False for any
+        other line (``done``)."""
+        import json
+
+        for prefix, into in ((b"on-death ", self.commands), (b"remove-on-death ", self.paths)):
+            if line.startswith(prefix):
+                with contextlib.suppress(ValueError):
+                    value = json.loads(line[len(prefix):])
+                    if into is self.commands and isinstance(value, list) and value:
+                        self.commands.append([str(a) for a in value])
+                    elif into is self.paths and isinstance(value, str) and value:
+                        self.paths.append(value)
+                return True
+        return False
+
+
+def _read_lines(fd: int, pending: bytearray, on_death: DeathPlan | None,
                 block: bool) -> str:
-    """Read what ``fd`` has (all of it unless ``block``: one read); add the ``on-death``
-    lines' commands to ``on_death``. Returns ``"done"`` when the parent said so,
+    """Read what ``fd`` has (all of it unless ``block``: one read); add the ``on-death`` and
+    ``remove-on-death`` lines to ``on_death``. Returns ``"done"`` when the parent said so,
     ``"closed"`` when the pipe closed without it (the parent died), else ``""``."""
-    import json
     import select
 
+    plan = on_death if on_death is not None else DeathPlan()
     while True:
         if not block and not select.select([fd], [], [], 0)[0]:
             return ""
@@ -304,20 +330,16 @@ def _read_lines(fd: int, pending: bytearray, on_death: list[list[str]] | None,
             end = pending.index(b"\n")
             line = bytes(pending[:end])
             del pending[:end + 1]
-            if not line.startswith(b"on-death "):
+            if not plan.add(line):
                 return "done"
-            with contextlib.suppress(ValueError):
-                argv = json.loads(line[len(b"on-death "):])
-                if on_death is not None and isinstance(argv, list) and argv:
-                    on_death.append([str(a) for a in argv])
         if block:
             return ""
 
 
-def _wait_for_parent_or_done(parent: int, on_death: list[list[str]] | None = None) -> bool:
-    """Block until the parent dies, or says ``done`` on our stdin (or closes it). A line
-    ``on-death ["argv", ...]`` written before either adds a command to ``on_death`` (what
-    the pipe still holds when the parent has died is read too). True when the parent said
+def _wait_for_parent_or_done(parent: int, on_death: DeathPlan | None = None) -> bool:
+    """Block until the parent dies, or says ``done`` on our stdin (or closes it). The
+    ``on-death`` and ``remove-on-death`` lines written before either go into ``on_death``
+    (what the pipe still holds when the parent has died is read too). True when the parent said
     ``done``; False when it died. A pipe closed without ``done`` counts as a death: a dying
     process closes its files before it becomes a zombie, so at that moment it may still look
     alive (a race that once skipped a Slurm job's ``scancel``)."""
@@ -353,21 +375,34 @@ def watchdog_main(argv: list[str] | None = None) -> int:
         return 2
     parent, token = int(args[0]), args[1]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the command, not for us
-    on_death: list[list[str]] = []
-    died = not _wait_for_parent_or_done(parent, on_death)
+    started = time.time()
+    plan = DeathPlan()
+    died = not _wait_for_parent_or_done(parent, plan)
     if died:
-        for command in on_death:  # what no signal reaches: a Slurm job (scancel)
+        for command in plan.commands:  # what no signal reaches: a Slurm job (scancel)
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, timeout=30)
     stop_marked(token, exclude=(parent,), log=died)
+    if died:  # what the parent's own clean-up would have removed
+        import shutil
+
+        for path in plan.paths:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        remove_orphan_shm_segments(since=started)  # of the ranks just killed
     return 0
 
 
 def start_watchdog(parent: int, token: str) -> subprocess.Popen[bytes] | None:
     """Start a watchdog (:func:`watchdog_main`) for ``parent``: when ``parent`` dies, or when
     :func:`release_watchdog` is called, it stops every process carrying ``token`` (and, if
-    ``parent`` died, first runs the commands given by :func:`watchdog_on_death`). In its own
+    ``parent`` died, first runs the commands given by :func:`watchdog_on_death`, and after
+    the stop removes the paths given by :func:`watchdog_remove_on_death` and the Open MPI
+    shared-memory segments its killed ranks left). In its own
     session, so a signal to ``parent``'s process group does not reach it. ``None`` where
     there is no ``/proc`` (the token cannot be read there)."""
     if not os.path.isdir("/proc"):
@@ -387,6 +422,23 @@ def watchdog_on_death(proc: subprocess.Popen[bytes] | None, argv: list[str]) -> 
         return False
     try:
         proc.stdin.write(b"on-death " + json.dumps(list(argv)).encode() + b"\n")
+        proc.stdin.flush()
+    except OSError:
+        return False
+    return True
+
+
+def watchdog_remove_on_death(proc: subprocess.Popen[bytes] | None, path: str) -> bool:
+    """Ask a watchdog of :func:`start_watchdog` to remove ``path`` (a folder with what is in
+    it, or a file) if its parent dies, once the marked processes are gone: what the parent's
+    clean-up would have removed (a cluster's profile folder with its connection files).
+    Returns False when the watchdog cannot be told (none, or gone)."""
+    import json
+
+    if proc is None or proc.stdin is None or proc.poll() is not None:
+        return False
+    try:
+        proc.stdin.write(b"remove-on-death " + json.dumps(str(path)).encode() + b"\n")
         proc.stdin.flush()
     except OSError:
         return False

@@ -210,12 +210,16 @@ def test_a_killed_or_orphaned_kernel_leaves_no_cluster_behind(tmp_path):
        clean-up), and the watchdog stops its cluster.
 
     Each time nothing of the kernel's process tree (recorded by pid, with the cluster's
-    lifeline token) is left 20 s later. (Restart and a closed tab: test_learner_session.py.)
+    lifeline token) is left 20 s later, nor the cluster's profile folder (its connection
+    files) nor the shared-memory segments of its killed engines. (Restart and a closed tab:
+    test_learner_session.py.)
     """
     from jupyter_client import BlockingKernelClient
 
     from chexnet_utils.lab import LabServer
     from tests.proctree import ProcessTree
+
+    profiles: list[Path] = []
 
     def kernel_with_cluster(lab: LabServer) -> tuple[int, BlockingKernelClient]:
         kernel_id = lab.request("/api/kernels", method="POST")["id"]
@@ -225,8 +229,12 @@ def test_a_killed_or_orphaned_kernel_leaves_no_cluster_behind(tmp_path):
         client.start_channels()
         reply = client.execute_interactive(
             "from chexnet_utils.distributed import MPICluster\n"
-            "cluster = MPICluster(n=2).start()", timeout=180, output_hook=lambda msg: None)
+            "cluster = MPICluster(n=2).start()", timeout=180, output_hook=lambda msg: None,
+            user_expressions={"profile": "cluster.cluster.profile_dir"})
         assert reply["content"]["status"] == "ok", reply["content"]
+        profile = reply["content"]["user_expressions"]["profile"]["data"]["text/plain"]
+        profiles.append(Path(profile.strip("'")))
+        assert profiles[-1].is_dir(), profiles
         server = psutil.Process(lab.process.pid)
         (pid,) = [p.pid for p in server.children(recursive=True)
                   if f"kernel-{kernel_id}.json" in cmdline_of(p)]
@@ -234,6 +242,9 @@ def test_a_killed_or_orphaned_kernel_leaves_no_cluster_behind(tmp_path):
 
     import psutil
 
+    from chexnet_utils.processes import orphan_shm_segments
+
+    started = time.time()
     with LabServer(tmp_path) as lab:
         pid, client = kernel_with_cluster(lab)
         tree = ProcessTree(pid)
@@ -255,3 +266,9 @@ def test_a_killed_or_orphaned_kernel_leaves_no_cluster_behind(tmp_path):
         print(f"Jupyter server SIGKILLed: its {len(everything)} processes gone after "
               f"{time.monotonic() - t0:.1f} s")
         client.stop_channels()
+    # the watchdogs remove them once the processes are gone (they may still be at it)
+    deadline = time.monotonic() + 10
+    while any(p.exists() for p in profiles) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in profiles if p.exists()], "profile folders left"
+    assert not orphan_shm_segments(since=started), "shared-memory segments left"

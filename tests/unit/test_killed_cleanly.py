@@ -208,18 +208,23 @@ def test_stop_within_kills_at_once_what_it_is_told_and_the_rest_after_the_timeou
 @pytest.mark.parametrize("end", ["killed", "released", "closed"])
 def test_watchdog_runs_its_on_death_commands_only_when_the_parent_dies(tmp_path, end):
     """What no signal reaches (a Slurm job: scancel) is handed to the watchdog as a command
-    (issue 27): run after SIGKILL of the parent, not after a normal release. ``closed``: the
+    (issue 27): run after SIGKILL of the parent, not after a normal release; so is a folder
+    the parent would have removed (a cluster's profile with its connection files). ``closed``: the
     pipe closes without ``done`` while the parent still looks alive, which is what a dying
     parent looks like for a moment (it closes its files before it is a zombie; CI once lost
     the race, and the Slurm job ended FAILED instead of CANCELLED): that is a death too."""
     import time
 
     flag = tmp_path / "ran"
+    folder = tmp_path / "profile"  # what the parent's clean-up would remove: after a death
+    (folder / "security").mkdir(parents=True)
+    (folder / "security" / "client.json").write_text("{}")
     command = f"import pathlib; pathlib.Path({str(flag)!r}).write_text('ran')"
     code = ("import sys, time\n"
             "from chexnet_utils import processes as P\n"
             "w = P.start_watchdog(P.os.getpid(), 'tok-x')\n"
             f"assert P.watchdog_on_death(w, [sys.executable, '-c', {command!r}])\n"
+            f"assert P.watchdog_remove_on_death(w, {str(folder)!r})\n"
             "print(w.pid, flush=True)\n"
             f"if {end == 'released'}:\n"
             "    P.release_watchdog(w)\n"
@@ -243,10 +248,12 @@ def test_watchdog_runs_its_on_death_commands_only_when_the_parent_dies(tmp_path,
         assert P.wait_pids_gone([watchdog], timeout=20) == []
         time.sleep(0.2)
         assert flag.exists() is (end != "released")
+        assert folder.exists() is (end == "released")
     finally:
         if parent.poll() is None:
             parent.kill()
     assert not P.watchdog_on_death(None, ["true"])
+    assert not P.watchdog_remove_on_death(None, str(folder))
 
 
 # ---- the test session itself (security review finding 11) -----------------------------------
