@@ -91,7 +91,7 @@ tutorial: setup data
 BENCH_WORKERS ?= 1,2
 
 bench: setup data
-	CHEXNET_WORK_DIR="$(BUILD)" "$(PY)" -c 'from chexnet_utils.data import prepare_tfrecords; prepare_tfrecords()'
+	CHEXNET_WORK_DIR="$(BUILD)" "$(PY)" -c 'from chexnet_utils.data.prepare import prepare_tfrecords; prepare_tfrecords()'
 	"$(PY)" -m chexnet_utils bench conversion --json "$(BUILD)/bench-conversion.json" --data-dir \
 	  "$$("$(PY)" -c 'from chexnet_utils.config import data_dir; print(data_dir())')"
 	"$(PY)" -m chexnet_utils bench pipelines --tfrecords "$(BUILD)/tfrecords-full" \

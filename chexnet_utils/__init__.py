@@ -3,13 +3,13 @@
 Notebooks narrate; this package implements. Modules, one concern each (the floor plan with
 who uses what: docs/architecture.md):
 
-- data: :mod:`~chexnet_utils.labels` (the 14 pathologies, ``Finding Labels`` <-> multi-hot),
-  :mod:`~chexnet_utils.nih` (the ChestX-ray14 layout, patient-level split, leakage check),
-  :mod:`~chexnet_utils.leakage` (what an image-level split does),
-  :mod:`~chexnet_utils.synthetic` (a stand-in in the exact NIH layout),
-  :mod:`~chexnet_utils.tfrecords` (sharded, resumable, verified conversion; a package:
+- data: :mod:`~chexnet_utils.data.labels` (the 14 pathologies, ``Finding Labels`` <-> multi-hot),
+  :mod:`~chexnet_utils.data.nih` (the ChestX-ray14 layout, patient-level split, leakage check),
+  :mod:`~chexnet_utils.data.leakage` (what an image-level split does),
+  :mod:`~chexnet_utils.data.synthetic` (a stand-in in the exact NIH layout),
+  :mod:`~chexnet_utils.data.tfrecords` (sharded, resumable, verified conversion; a package:
   ``wire``, ``images``, ``plan``, ``convert``, ``verify``, ``bench``),
-  :mod:`~chexnet_utils.data` (the data set and TFRecords for the current scale);
+  :mod:`~chexnet_utils.data.prepare` (the data set and TFRecords for the current scale);
 - input: :mod:`~chexnet_utils.pipelines` (the old and the new ``tf.data`` pipeline),
   :mod:`~chexnet_utils.feeding` (cache, snapshot, ``list_files`` and its trap, Options, Keras
   ``PyDataset``),
@@ -56,7 +56,7 @@ who uses what: docs/architecture.md):
   command), :mod:`~chexnet_utils.cli` (``python -m chexnet_utils``).
 """
 
-from chexnet_utils.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES
+from chexnet_utils.data.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES
 
 __all__ = ["PATHOLOGIES", "NUM_CLASSES", "NO_FINDING", "__version__"]
 __version__ = "0.1.0"

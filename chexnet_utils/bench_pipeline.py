@@ -172,7 +172,7 @@ def decode_ceiling(files: Files, image_size: int, n_images: int = 64, repeats: i
     """
     import tensorflow as tf
 
-    from chexnet_utils.tfrecords import parse_example
+    from chexnet_utils.data.tfrecords import parse_example
 
     records = list(tf.data.TFRecordDataset([str(f) for f in files]).take(n_images)
                    .as_numpy_iterator())

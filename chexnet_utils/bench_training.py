@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.bench_timing import RunMean, alternating, batch_len, block, fed_run
 from chexnet_utils.bench_timing import first_batch, pipeline_run
-from chexnet_utils.labels import NUM_CLASSES
+from chexnet_utils.data.labels import NUM_CLASSES
 
 if TYPE_CHECKING:
     import keras

@@ -142,7 +142,7 @@ def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size
     """
     import tensorflow as tf
 
-    from chexnet_utils.tfrecords import list_shards
+    from chexnet_utils.data.tfrecords import list_shards
 
     say = log or (lambda _msg: None)
     files = list_shards(tfrecords_dir, split)

@@ -36,8 +36,8 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
-    from chexnet_utils.nih import NIHDataset
-    from chexnet_utils.synthetic import generate_dataset
+    from chexnet_utils.data.nih import NIHDataset
+    from chexnet_utils.data.synthetic import generate_dataset
 
     out = generate_dataset(args.out, n=args.n, size=args.size, seed=args.seed,
                            workers=args.workers, overwrite=args.overwrite)
@@ -61,7 +61,7 @@ def _cmd_envcheck(args: argparse.Namespace) -> int:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from chexnet_utils.data import prepare_data
+    from chexnet_utils.data.prepare import prepare_data
 
     ds = prepare_data()
     print(f"data set: {ds.root} ({len(ds.records)} images, "
@@ -95,7 +95,7 @@ def _cmd_nbclean(args: argparse.Namespace) -> int:
 
 
 def _cmd_tfrecords(args: argparse.Namespace) -> int:
-    from chexnet_utils.tfrecords import SKIPPED_TXT, convert_dataset
+    from chexnet_utils.data.tfrecords import SKIPPED_TXT, convert_dataset
 
     result = convert_dataset(
         args.data_dir, args.out, image_size=args.image_size, encoding=args.encoding,
@@ -112,7 +112,7 @@ def _cmd_tfrecords(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from chexnet_utils.tfrecords import verify
+    from chexnet_utils.data.tfrecords import verify
 
     report = verify(args.tfrecords, data_dir=args.data_dir, decode_images=args.decode)
     print(report)
@@ -140,7 +140,7 @@ def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
 
 def _cmd_bench_service(args: argparse.Namespace) -> int:
     from chexnet_utils.config import scale
-    from chexnet_utils.data import prepare_tfrecords
+    from chexnet_utils.data.prepare import prepare_tfrecords
     from chexnet_utils.tfdata_service import bench_service, format_bench_service
 
     tfr = args.tfrecords or prepare_tfrecords(None, progress=False)
@@ -166,7 +166,7 @@ def _write_json(path: Path | None, result: dict) -> None:
 
 def _cmd_bench_conversion(args: argparse.Namespace) -> int:
     from chexnet_utils.config import work_dir
-    from chexnet_utils.tfrecords import bench_conversion, format_bench_conversion
+    from chexnet_utils.data.tfrecords import bench_conversion, format_bench_conversion
 
     sizes = [None if s in ("original", "none", "0") else int(s)
              for s in args.image_sizes.split(",")]
@@ -212,7 +212,7 @@ def _cmd_bench_scaling(args: argparse.Namespace) -> int:
 
     tfr = args.tfrecords
     if tfr is None:
-        from chexnet_utils.data import prepare_tfrecords
+        from chexnet_utils.data.prepare import prepare_tfrecords
 
         tfr = prepare_tfrecords(image_size=None, progress=False)
     result = bench_scaling(tfr, workers=[int(w) for w in args.workers.split(",")],
@@ -240,7 +240,7 @@ def _cmd_bench_gpu_node(args: argparse.Namespace) -> int:
         return 3
     tfr = args.tfrecords
     if tfr is None:
-        from chexnet_utils.data import prepare_tfrecords
+        from chexnet_utils.data.prepare import prepare_tfrecords
 
         tfr = prepare_tfrecords(image_size=None, progress=False)
     result = bench_gpu_node(

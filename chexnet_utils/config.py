@@ -38,17 +38,17 @@ class Scale:
     """Sizes for one scale preset: every setting a notebook reads that depends on the scale.
 
     Each field's docstring names the notebooks that read it (directly, or through
-    :mod:`chexnet_utils.data` / :mod:`chexnet_utils.run_configs`)."""
+    :mod:`chexnet_utils.data.prepare` / :mod:`chexnet_utils.run_configs`)."""
 
     name: str
     """The preset's name (``CHEXNET_SCALE``); notebooks print it and record it in results,
     they never branch on it."""
     n_images: int
     """Images in the synthetic stand-in (ignored when ``CHEXNET_DATA_DIR`` is set): made by
-    :func:`chexnet_utils.data.prepare_data` on first use (every notebook); notebook 07 also
+    :func:`chexnet_utils.data.prepare.prepare_data` on first use (every notebook); notebook 07 also
     prices caching each preset's data set."""
     source_size: int
-    """Side in pixels of the synthetic PNGs (NIH's are 1024); :mod:`chexnet_utils.data`."""
+    """Side in pixels of the synthetic PNGs (NIH's are 1024); :mod:`chexnet_utils.data.prepare`."""
     image_size: int
     """Side the model sees after resizing (notebooks 01-04 and 07; the engine runs of 04 via
     :mod:`chexnet_utils.run_configs`)."""
@@ -62,7 +62,7 @@ class Scale:
     """Largest number of Horovod engines the notebooks start (04-06) or simulate (02)."""
     shard_size: int | None
     """Images per TFRecord shard (``None``: about 100 MB per shard, TF's usual advice):
-    :func:`chexnet_utils.data.prepare_tfrecords` (every notebook), notebook 01."""
+    :func:`chexnet_utils.data.prepare.prepare_tfrecords` (every notebook), notebook 01."""
     bench_batches: int = 8
     """Batches timed per input-pipeline measurement of notebook 02. The ci preset times 5:
     ``make bench-preset`` ran notebook 02 whole with 8 and with 5, alternating, and 5 showed

@@ -120,7 +120,7 @@ def list_files_pipeline(pattern: str, batch_size: int, image_size: int,
     """
     import tensorflow as tf
 
-    from chexnet_utils.tfrecords import parse_example
+    from chexnet_utils.data.tfrecords import parse_example
 
     files = tf.data.Dataset.list_files(pattern, shuffle=shuffle, seed=seed)
     files = files.shard(num_workers, worker_index)
@@ -150,7 +150,7 @@ def list_files_shard_overlap(pattern: str, num_workers: int = 2, shuffle: bool =
     """
     import glob
 
-    from chexnet_utils.tfrecords import read_examples
+    from chexnet_utils.data.tfrecords import read_examples
 
     seeds = list(seeds) if seeds is not None else list(range(num_workers))
     if len(seeds) != num_workers:
@@ -193,7 +193,7 @@ def with_options(dataset: tf.data.Dataset, ram_budget_mb: int | None = None,
 
 
 def _load_records(files: Files) -> tuple[list[bytes], np.ndarray]:
-    from chexnet_utils.tfrecords import read_examples
+    from chexnet_utils.data.tfrecords import read_examples
 
     blobs, labels = [], []
     for f in files:

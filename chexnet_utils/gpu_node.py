@@ -110,10 +110,10 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
     import keras
 
     from chexnet_utils.accelerator import build_model, resolve_switches
+    from chexnet_utils.data.tfrecords import list_shards
+    from chexnet_utils.dataparallel import init_world
     from chexnet_utils.pipelines import accelerator_device, build_pipeline, to_accelerator
     from chexnet_utils.scaling import prepare_data_parallel_model
-    from chexnet_utils.tfrecords import list_shards
-    from chexnet_utils.dataparallel import init_world
 
     rank, size = init_world(True)
     sw = resolve_switches(c.mixed_precision, c.xla, distributed=True)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chexnet_utils.labels import NUM_CLASSES, PATHOLOGIES
+from chexnet_utils.data.labels import NUM_CLASSES, PATHOLOGIES
 
 if TYPE_CHECKING:
     import keras
@@ -94,7 +94,7 @@ CHEXNET_PAPER_AUROC: dict[str, float] = {
     "Hernia": 0.9164,
 }
 """Per-class test AUROC of CheXNet (Rajpurkar et al. 2017, DenseNet-121, 224 px, on the
-NIH ChestX-ray14 test set), in :data:`~chexnet_utils.labels.PATHOLOGIES` order."""
+NIH ChestX-ray14 test set), in :data:`~chexnet_utils.data.labels.PATHOLOGIES` order."""
 
 CHEXNET_PAPER_MEAN_AUROC: float = 0.841
 """The paper's mean over the 14 classes (``mean(CHEXNET_PAPER_AUROC.values())`` = 0.8414)."""

@@ -60,7 +60,7 @@ from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.checks import require_at_least
-from chexnet_utils.labels import NUM_CLASSES
+from chexnet_utils.data.labels import NUM_CLASSES
 
 if TYPE_CHECKING:  # TensorFlow is imported lazily: ``import chexnet_utils`` stays cheap.
     import tensorflow as tf
@@ -200,7 +200,7 @@ def preprocess_batch(image_bytes: Any, labels: Any, image_size: int, training: b
 def example_fn(image_size: int, training: bool, seed: int | None, with_names: bool,
                 antialias: bool, batched: bool):  # type: ignore[no-untyped-def]
     """The map function: serialized record(s) -> ``(image, label[, name])``."""
-    from chexnet_utils.tfrecords import parse_example
+    from chexnet_utils.data.tfrecords import parse_example
 
     prep = preprocess_batch if batched else preprocess
 
@@ -222,7 +222,7 @@ def _check_common(files: Files, batch_size: int, image_size: int, num_workers: i
     names = [str(f) for f in files]
     if not names:
         raise ValueError("no TFRecord files given (is the split empty? see "
-                         "chexnet_utils.tfrecords.list_shards)")
+                         "chexnet_utils.data.tfrecords.list_shards)")
     require_at_least(1, batch_size=batch_size, image_size=image_size, num_workers=num_workers)
     if not 0 <= worker_index < num_workers:
         raise ValueError(f"worker_index must be in [0, {num_workers}), got {worker_index}")

@@ -54,9 +54,9 @@ def prepare_data_parallel_model(model: Any, jit_compile: bool = False) -> None:
     import keras
     import numpy as np
 
-    from chexnet_utils.labels import NUM_CLASSES
-    from chexnet_utils.models import WeightedBCE
+    from chexnet_utils.data.labels import NUM_CLASSES
     from chexnet_utils.dataparallel import broadcast_initial_state, gradient_averager
+    from chexnet_utils.models import WeightedBCE
 
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=WeightedBCE(np.full(NUM_CLASSES, 0.5), np.full(NUM_CLASSES, 0.5)),
@@ -78,10 +78,10 @@ def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
     """
     import keras
 
+    from chexnet_utils.data.tfrecords import list_shards
+    from chexnet_utils.dataparallel import init_world
     from chexnet_utils.models import build_chexnet
     from chexnet_utils.pipelines import build_pipeline
-    from chexnet_utils.tfrecords import list_shards
-    from chexnet_utils.dataparallel import init_world
 
     c = StepConfig.of(cfg)
     rank, size = init_world(True)

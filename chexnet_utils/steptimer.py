@@ -91,7 +91,7 @@ class StepConfig:
 def _synthetic_batch(c: StepConfig, rank: int) -> tuple[Any, Any]:
     import tensorflow as tf
 
-    from chexnet_utils.labels import NUM_CLASSES
+    from chexnet_utils.data.labels import NUM_CLASSES
 
     rng = np.random.default_rng([c.seed, rank])
     x = rng.standard_normal((c.batch_size, c.image_size, c.image_size, 3), dtype=np.float32)
@@ -140,8 +140,8 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
     import keras
     import tensorflow as tf
 
-    from chexnet_utils.models import build_chexnet
     from chexnet_utils.dataparallel import broadcast_initial_state, init_world
+    from chexnet_utils.models import build_chexnet
 
     quiet_tensorflow()
     c = StepConfig.of(cfg, **overrides)

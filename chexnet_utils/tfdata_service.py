@@ -419,9 +419,9 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
 
     from chexnet_utils.bench_pipeline import time_pipeline
     from chexnet_utils.bench_training import synthetic_rate, train_step_fn
+    from chexnet_utils.data.tfrecords import list_shards
     from chexnet_utils.models import build_chexnet
     from chexnet_utils.pipelines import new_approach
-    from chexnet_utils.tfrecords import list_shards
 
     files = list_shards(tfrecords_dir, split)
     if not files:

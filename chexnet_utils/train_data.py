@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chexnet_utils.labels import NUM_CLASSES
+from chexnet_utils.data.labels import NUM_CLASSES
 
 if TYPE_CHECKING:
     import keras
@@ -34,7 +34,7 @@ def training_label_sums(tfrecords_dir: Path | str, split: str = "train"
 
     Uses the split totals, or sums the per-shard ``label_sums`` when the totals are absent.
     """
-    from chexnet_utils.tfrecords import load_manifest
+    from chexnet_utils.data.tfrecords import load_manifest
 
     manifest = load_manifest(tfrecords_dir)
     info = manifest.get("splits", {}).get(split)
@@ -53,7 +53,7 @@ def training_label_sums(tfrecords_dir: Path | str, split: str = "train"
 
 def split_counts(tfrecords_dir: Path) -> dict[str, int]:
     """``{split: images}`` from the manifest of a TFRecords folder."""
-    from chexnet_utils.tfrecords import load_manifest
+    from chexnet_utils.data.tfrecords import load_manifest
 
     splits = load_manifest(tfrecords_dir).get("splits", {})
     return {name: int(info.get("images", 0)) for name, info in splits.items()}

@@ -104,6 +104,7 @@ from chexnet_utils.checkpoints import (
     read_state,
     write_json_atomic,
 )
+from chexnet_utils.data.labels import PATHOLOGIES
 from chexnet_utils.dataparallel import (
     LR_SCALINGS,
     broadcast_initial_state,
@@ -112,7 +113,6 @@ from chexnet_utils.dataparallel import (
     scaled_learning_rate,
     weights_checksum,
 )
-from chexnet_utils.labels import PATHOLOGIES
 from chexnet_utils.models import (
     ARCHITECTURES,
     CHEXNET_PAPER_MEAN_AUROC,
@@ -166,8 +166,8 @@ class TrainConfig:
     """Everything one training run needs. Defaults: the ``ci`` scale (``small`` at 128 px)."""
 
     tfrecords: Path | str
-    """A folder converted by :func:`chexnet_utils.tfrecords.convert_dataset` (or
-    :func:`chexnet_utils.data.prepare_tfrecords`). Pre-resized shards (``image_size`` at
+    """A folder converted by :func:`chexnet_utils.data.tfrecords.convert_dataset` (or
+    :func:`chexnet_utils.data.prepare.prepare_tfrecords`). Pre-resized shards (``image_size`` at
     conversion) train much faster on a CPU than 1024 px ones: decoding a 1024 px PNG costs
     ~10 ms."""
     out_dir: Path | str
@@ -339,9 +339,9 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     import keras
 
     from chexnet_utils.accelerator import build_model, policy_scope, resolve_switches
+    from chexnet_utils.data.tfrecords import list_shards
     from chexnet_utils.models import MeanAUROC, WeightedBCE
     from chexnet_utils.pipelines import accelerator_device, build_pipeline, to_accelerator
-    from chexnet_utils.tfrecords import list_shards
 
     t_start = time.perf_counter()
     cfg = config

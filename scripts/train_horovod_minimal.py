@@ -14,9 +14,9 @@ import numpy as np
 import tensorflow as tf
 
 from chexnet_utils.config import scale
+from chexnet_utils.data.tfrecords import list_shards
 from chexnet_utils.models import WeightedBCE, build_chexnet
 from chexnet_utils.pipelines import new_approach
-from chexnet_utils.tfrecords import list_shards
 from chexnet_utils.training import training_label_sums
 
 S = scale()  # CHEXNET_SCALE: ci (default), workstation, gpu-node
@@ -40,7 +40,7 @@ if gpus:
         pass
 
 if args.tfrecords is None:  # rank 0 converts the data once; the broadcast is the barrier
-    from chexnet_utils.data import prepare_tfrecords
+    from chexnet_utils.data.prepare import prepare_tfrecords
     made = str(prepare_tfrecords(args.image_size, progress=False)) if hvd.rank() == 0 else None
     args.tfrecords = hvd.broadcast_object(made, root_rank=0)
 label_sums, n_train = training_label_sums(args.tfrecords)

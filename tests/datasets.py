@@ -21,15 +21,15 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from chexnet_utils import tfrecords as T
-from chexnet_utils.nih import (CSV_NAME, TEST_LIST, TRAIN_VAL_LIST, ImageRecord, write_data_entry,
+from chexnet_utils.data import tfrecords as T
+from chexnet_utils.data.nih import (CSV_NAME, TEST_LIST, TRAIN_VAL_LIST, ImageRecord, write_data_entry,
                                write_split_list)
 
 
 def synthetic_tfrecords(root: Path, n: int, size: int, shard_size: int, seed: int = 0) -> Path:
     """Generate ``n`` synthetic images of ``size`` px and convert them; the TFRecords folder."""
-    from chexnet_utils.synthetic import generate_dataset
-    from chexnet_utils.tfrecords import convert_dataset
+    from chexnet_utils.data.synthetic import generate_dataset
+    from chexnet_utils.data.tfrecords import convert_dataset
 
     data = generate_dataset(root / "data", n=n, size=size, seed=seed, workers=1, progress=False)
     convert_dataset(data, root / "tfrecords", shard_size=shard_size, workers=1, progress=False)

@@ -7,9 +7,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from chexnet_utils import devices, envcheck, leakage, tfrecords
+from chexnet_utils import devices, envcheck
+from chexnet_utils.data import leakage, tfrecords
+from chexnet_utils.data.nih import ImageRecord
 from chexnet_utils.exercises.verdict import close, missing, number, pair, verdict
-from chexnet_utils.nih import ImageRecord
 
 
 def check_thread_budget(answer: int | None, n_processes: int = 3,

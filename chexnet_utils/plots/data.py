@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from chexnet_utils.labels import NIH_PREVALENCE, PATHOLOGIES
+from chexnet_utils.data.labels import NIH_PREVALENCE, PATHOLOGIES
 
 
 def label_distribution(prevalence: Mapping[str, float], reference: Mapping[str, float]
@@ -75,7 +75,7 @@ def image_grid(images: Sequence[np.ndarray], titles: Sequence[str], cols: int = 
 def similarity_histogram(same: Sequence[float] | np.ndarray,
                          different: Sequence[float] | np.ndarray, bins: int = 15):  # noqa: ANN201
     """Overlaid histograms of thumbnail correlations: pairs of films of the *same* patient
-    against pairs of *different* patients (:func:`chexnet_utils.leakage.same_patient_similarity`)."""
+    against pairs of *different* patients (:func:`chexnet_utils.data.leakage.same_patient_similarity`)."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3))
@@ -89,7 +89,7 @@ def similarity_histogram(same: Sequence[float] | np.ndarray,
 
 
 def conversion_throughput(bench: Mapping[str, object]):  # noqa: ANN201
-    """One panel per image size of :func:`chexnet_utils.tfrecords.bench_conversion`'s result:
+    """One panel per image size of :func:`chexnet_utils.data.tfrecords.bench_conversion`'s result:
     images/s of the conversion with each worker count, the speed-up in the panel title."""
     import matplotlib.pyplot as plt
 

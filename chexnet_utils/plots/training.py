@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from chexnet_utils.labels import PATHOLOGIES
+from chexnet_utils.data.labels import PATHOLOGIES
 
 def learning_curves(history: Mapping[str, Sequence[float]], reference: float | None = None,
                     reference_label: str = "", title: str = ""):  # noqa: ANN201

@@ -139,8 +139,8 @@ def _validation_logs(tfr: str, distributed: bool) -> dict:
     import keras
 
     from chexnet_utils import training as T
+    from chexnet_utils.data.tfrecords import list_shards
     from chexnet_utils.models import WeightedBCE, build_chexnet
-    from chexnet_utils.tfrecords import list_shards
     from chexnet_utils.train_callbacks import callback_classes
     from chexnet_utils.train_data import eval_dataset
 

@@ -26,8 +26,8 @@ def _config(tfr: Path, out: Path, **kw):
 def _names_of_my_shard(tfr: str) -> list[str]:
     import horovod.tensorflow as hvd
 
+    from chexnet_utils.data.tfrecords import list_shards
     from chexnet_utils.pipelines import new_approach
-    from chexnet_utils.tfrecords import list_shards
 
     hvd.init()
     ds = new_approach(list_shards(tfr, "train"), 4, 32, training=False,
@@ -44,7 +44,7 @@ def cluster():
 
 
 def test_two_engines_train_in_lockstep_on_disjoint_shards(cluster, hvd_tfrecords, tmp_path):
-    from chexnet_utils.tfrecords import load_manifest
+    from chexnet_utils.data.tfrecords import load_manifest
     from chexnet_utils.training import train_on_engine
 
     shards = cluster.run(_names_of_my_shard, str(hvd_tfrecords))

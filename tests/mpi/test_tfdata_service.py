@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from chexnet_utils import tfrecords as T
+from chexnet_utils.data import tfrecords as T
 from chexnet_utils.processes import alive, pid_alive
 from chexnet_utils.tfdata_service import (
     ServiceStalled,

@@ -195,7 +195,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
     from PIL import Image
 
-    from chexnet_utils import tfrecords as T
+    from chexnet_utils.data import tfrecords as T
 
     root = tmp_path_factory.mktemp("feeding-exercises")
     for s in range(N_SHARDS):

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from chexnet_utils import feeding as F
-from chexnet_utils import tfrecords as T
+from chexnet_utils.data import tfrecords as T
 
 tf = pytest.importorskip("tensorflow")
 

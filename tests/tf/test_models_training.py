@@ -18,7 +18,7 @@ from tests.datasets import synthetic_tfrecords
 from chexnet_utils import models as M
 from chexnet_utils import training as T
 from chexnet_utils.cli import main
-from chexnet_utils.labels import NUM_CLASSES, PATHOLOGIES
+from chexnet_utils.data.labels import NUM_CLASSES, PATHOLOGIES
 from chexnet_utils.train_data import eval_dataset
 
 tf = pytest.importorskip("tensorflow")
@@ -91,7 +91,7 @@ def config(tfr_dir: Path, out: Path, **kw: Any) -> T.TrainConfig:
 @pytest.fixture(scope="module")
 def first_run(tfr_dir: Path, tmp_path_factory: pytest.TempPathFactory
               ) -> tuple[T.TrainConfig, T.TrainResult, Capture]:
-    from chexnet_utils.tfrecords import list_shards
+    from chexnet_utils.data.tfrecords import list_shards
 
     out = tmp_path_factory.mktemp("run") / "run"
     cfg = config(tfr_dir, out)

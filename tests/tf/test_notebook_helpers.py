@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from chexnet_utils import tfrecords
+from chexnet_utils.data import tfrecords
 
 
 def test_decode_ms_times_every_read_record_after_one_warm_up(
         tiny_tfrecords: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from chexnet_utils.tfrecords import images
+    from chexnet_utils.data.tfrecords import images
 
     calls: list[tuple[bytes, int | None]] = []
     clock = iter([10.0, 10.5])

@@ -15,8 +15,8 @@ from PIL import Image
 
 from chexnet_utils import benchmark as B
 from chexnet_utils import pipelines as P
-from chexnet_utils import tfrecords as T
 from chexnet_utils.cli import main
+from chexnet_utils.data import tfrecords as T
 
 tf = pytest.importorskip("tensorflow")
 

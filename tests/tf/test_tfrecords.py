@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chexnet_utils import tfrecords as T
 from chexnet_utils.cli import main
-from chexnet_utils.labels import labels_to_multihot
-from chexnet_utils.nih import NIHDataset
+from chexnet_utils.data import tfrecords as T
+from chexnet_utils.data.labels import labels_to_multihot
+from chexnet_utils.data.nih import NIHDataset
 from tests.datasets import image_path, make_dataset, read_all, split_lines
 
 

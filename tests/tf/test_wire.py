@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from chexnet_utils.tfrecords import wire
+from chexnet_utils.data.tfrecords import wire
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_record_written_by_wire_parsed_by_parse_single_example(tmp_path, tf):
 
 COEXIST = """
 import importlib, sys
-from chexnet_utils.tfrecords import wire
+from chexnet_utils.data.tfrecords import wire
 assert "tensorflow" not in sys.modules
 ours = wire.make_example(b"img", "png", 2, 3, [0.5] * 14, "n.png", 9)
 import tensorflow as tf            # registers tensorflow.Example in the default pool

@@ -27,11 +27,11 @@ import pytest
 from PIL import Image
 
 from chexnet_utils import atomic, checkpoints, config, nbtools, results
-from chexnet_utils import tfrecords as T
 from chexnet_utils.cli import main
-from chexnet_utils.nih import CSV_NAME, TRAIN_VAL_LIST, DataFormatError, read_data_entry
-from chexnet_utils.tfrecords import images
-from chexnet_utils.tfrecords.wire import read_records, write_records
+from chexnet_utils.data import tfrecords as T
+from chexnet_utils.data.nih import CSV_NAME, TRAIN_VAL_LIST, DataFormatError, read_data_entry
+from chexnet_utils.data.tfrecords import images
+from chexnet_utils.data.tfrecords.wire import read_records, write_records
 from tests.datasets import image_path, make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,7 +180,7 @@ def test_a_read_only_out_is_found_before_the_scan(tmp_path, monkeypatch, capsys)
     root, _ = make_dataset(tmp_path / "data", n_train_val=4, n_test=2, size=16)
     out = tmp_path / "ro"
     _read_only(out, monkeypatch)
-    from chexnet_utils.tfrecords import convert
+    from chexnet_utils.data.tfrecords import convert
 
     def no_scan(*args, **kwargs):
         raise AssertionError("scanned before checking that --out can be written")
@@ -200,7 +200,7 @@ def test_a_read_only_out_is_found_before_the_scan(tmp_path, monkeypatch, capsys)
 def test_a_benchmark_json_that_cannot_be_written_fails_before_the_benchmark(
         tmp_path, monkeypatch, capsys):
     _read_only(tmp_path / "ro", monkeypatch)
-    from chexnet_utils import tfrecords
+    from chexnet_utils.data import tfrecords
 
     monkeypatch.setattr(tfrecords, "bench_conversion",
                         lambda *a, **k: pytest.fail("benchmark ran before the --json check"))
@@ -240,7 +240,7 @@ def test_a_huge_image_is_refused_before_it_is_decoded():
         images.prepare_image(_png_claiming(8000, 8000), 64, "png")
     assert str(info.value) == ("8000 x 8000 pixels, more than the converter's limit of "
                                f"{images.MAX_PIXELS} "
-                               "(chexnet_utils.tfrecords.images.MAX_PIXELS)")
+                               "(chexnet_utils.data.tfrecords.images.MAX_PIXELS)")
     assert images.describe_error(info.value).startswith("too large: 8000 x 8000 pixels")
 
 
@@ -393,7 +393,7 @@ def test_save_figure_writes_the_png_atomically(tmp_path, monkeypatch):
 # --- symbolic links and shell strings --------------------------------------------------------
 
 def test_the_synthetic_writer_never_deletes_through_a_linked_image_folder(tmp_path):
-    from chexnet_utils.synthetic import generate_dataset
+    from chexnet_utils.data.synthetic import generate_dataset
 
     real = tmp_path / "real" / "images"
     real.mkdir(parents=True)

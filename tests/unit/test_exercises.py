@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from tests.datasets import synthetic_tfrecords
 
-from chexnet_utils import benchmark, comm, devices, exercises, synthetic
-from chexnet_utils import tfrecords as T
+from chexnet_utils import benchmark, comm, devices, exercises
+from chexnet_utils.data import synthetic
+from chexnet_utils.data import tfrecords as T
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("0*.ipynb"))
 SHARD_SIZE = 5

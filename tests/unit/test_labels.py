@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from chexnet_utils.labels import (
+from chexnet_utils.data.labels import (
     NO_FINDING,
     LabelError,
     PATHOLOGIES,
@@ -67,8 +67,9 @@ def test_matrix():
 
 
 def test_nih_prevalence_is_one_table_from_the_counts():
-    from chexnet_utils import plots, synthetic
-    from chexnet_utils.labels import NIH_IMAGES, NIH_LABEL_COUNTS, NIH_PREVALENCE
+    from chexnet_utils import plots
+    from chexnet_utils.data import synthetic
+    from chexnet_utils.data.labels import NIH_IMAGES, NIH_LABEL_COUNTS, NIH_PREVALENCE
 
     assert list(NIH_PREVALENCE) == [*PATHOLOGIES, NO_FINDING]
     for name, count in NIH_LABEL_COUNTS.items():

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chexnet_utils.leakage import image_level_split, patients_on_both_sides, same_patient_similarity
-from chexnet_utils.nih import ImageRecord, patient_split
+from chexnet_utils.data.leakage import image_level_split, patients_on_both_sides, same_patient_similarity
+from chexnet_utils.data.nih import ImageRecord, patient_split
 
 
 def recs(n_patients=60, per=4):

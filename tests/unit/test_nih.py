@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from chexnet_utils.nih import (
+from chexnet_utils.data.nih import (
     CSV_NAME,
     TEST_LIST,
     TRAIN_VAL_LIST,

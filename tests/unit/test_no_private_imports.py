@@ -34,11 +34,11 @@ def private_imports(source: str) -> list[tuple[int, str, str]]:
 
 
 def test_the_checker_finds_private_imports() -> None:
-    src = ("from chexnet_utils.tfrecords.plan import _Item, shard_name\n"
+    src = ("from chexnet_utils.data.tfrecords.plan import _Item, shard_name\n"
            "def f():\n    from chexnet_utils import _hidden\n"
            "from os import _exit\nfrom chexnet_utils import __version__\n"
            "from .anatomy import _u\n")
-    assert private_imports(src) == [(1, "chexnet_utils.tfrecords.plan", "_Item"),
+    assert private_imports(src) == [(1, "chexnet_utils.data.tfrecords.plan", "_Item"),
                                     (3, "chexnet_utils", "_hidden"), (6, ".anatomy", "_u")]
 
 

@@ -1,4 +1,4 @@
-"""Tests for chexnet_utils.synthetic: NIH layout, labels, determinism, rendering, safety."""
+"""Tests for chexnet_utils.data.synthetic: NIH layout, labels, determinism, rendering, safety."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chexnet_utils import nih, synthetic
-from chexnet_utils.synthetic import writer
-from chexnet_utils.labels import NO_FINDING, PATHOLOGIES, labels_to_multihot
+from chexnet_utils.data import nih, synthetic
+from chexnet_utils.data.labels import NO_FINDING, PATHOLOGIES, labels_to_multihot
+from chexnet_utils.data.synthetic import writer
 
 N, SIZE, SEED, PER_FOLDER = 40, 64, 7, 15
 

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chexnet_utils import tfrecords as T
-from chexnet_utils.tfrecords import plan
 from chexnet_utils.cli import main
-from chexnet_utils.nih import (
+from chexnet_utils.data import tfrecords as T
+from chexnet_utils.data.nih import (
     CSV_NAME,
     TRAIN_VAL_LIST,
     DataFormatError,
@@ -28,6 +27,7 @@ from chexnet_utils.nih import (
     write_data_entry,
     write_split_list,
 )
+from chexnet_utils.data.tfrecords import plan
 from tests.datasets import image_path, make_dataset, read_all, shard_bytes, split_lines
 
 
@@ -52,7 +52,7 @@ def test_crc32c_known_vectors():
 
 
 def test_module_import_does_not_import_tensorflow():
-    code = ("import sys, chexnet_utils.tfrecords as t; "
+    code = ("import sys, chexnet_utils.data.tfrecords as t; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; print(t.CRC32C_IMPLEMENTATION)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "google_crc32c"
@@ -295,7 +295,7 @@ def test_resume_after_crash_gives_identical_output(dataset, tmp_path, monkeypatc
 
 KILLABLE = """
 import json, os, sys, time
-from chexnet_utils import tfrecords as T
+from chexnet_utils.data import tfrecords as T
 real = T.convert._write_shard
 manifest = os.path.join(sys.argv[2], "manifest.json")
 
@@ -684,7 +684,7 @@ def test_two_processes_preparing_the_same_tfrecords_take_turns(tmp_path):
     data.mkdir()
     script = (
         "from pathlib import Path\n"
-        "import chexnet_utils.data as D\n"
+        "import chexnet_utils.data.prepare as D\n"
         "from chexnet_utils.config import Scale\n"
         f"D.data_dir = lambda s=None: Path({str(data)!r})\n"
         "s = Scale('locktest', n_images=40, source_size=64, image_size=32, arch='small',\n"

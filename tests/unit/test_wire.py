@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import descriptor_pool
 from google.protobuf.message import DecodeError
 
-from chexnet_utils.tfrecords import wire
+from chexnet_utils.data.tfrecords import wire
 
 # What the hand-written encoder wrote (and tf.train.Example parses) for these inputs.
 GOLDEN_FEATURES = {"a": ("int64", [-1, 300]), "b": ("float", [0.5]),

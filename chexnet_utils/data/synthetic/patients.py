@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from chexnet_utils import nih
-from chexnet_utils.labels import (NIH_IMAGES, NIH_PREVALENCE, NO_FINDING, NUM_CLASSES,
+from chexnet_utils.data import nih
+from chexnet_utils.data.labels import (NIH_IMAGES, NIH_PREVALENCE, NO_FINDING, NUM_CLASSES,
                                   PATHOLOGIES)
 
 TARGET_PREVALENCE: dict[str, float] = NIH_PREVALENCE

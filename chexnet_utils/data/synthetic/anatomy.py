@@ -5,7 +5,7 @@
 breath, exposure, texture seeds), :class:`Canvas` the attenuation map being built with its
 lung masks, and :func:`render_base` draws body, lungs with vessel markings, trachea, heart,
 hila, spine, ribs, clavicles and the gastric bubble onto it. The pathology signs of
-:mod:`chexnet_utils.synthetic.findings` are drawn on top; :mod:`.render` turns the map into
+:mod:`chexnet_utils.data.synthetic.findings` are drawn on top; :mod:`.render` turns the map into
 grey levels.
 """
 

@@ -29,7 +29,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.internal import api_implementation
 from google.protobuf.message import DecodeError
 
-from chexnet_utils.labels import NUM_CLASSES
+from chexnet_utils.data.labels import NUM_CLASSES
 
 __all__ = [
     "CRC32C_IMPLEMENTATION",
@@ -137,7 +137,7 @@ def _example_messages() -> dict[str, Any]:
     F = descriptor_pb2.FieldDescriptorProto
     opt, rep, msg = F.LABEL_OPTIONAL, F.LABEL_REPEATED, F.TYPE_MESSAGE
     file = descriptor_pb2.FileDescriptorProto(
-        name="chexnet_utils/tfrecords/example.proto", package="tensorflow", syntax="proto3")
+        name="chexnet_utils/data/tfrecords/example.proto", package="tensorflow", syntax="proto3")
     kinds = (("bytes", F.TYPE_BYTES), ("float", F.TYPE_FLOAT), ("int64", F.TYPE_INT64))
     for kind, ftype in kinds:  # message BytesList { repeated bytes value = 1; } ...
         value = file.message_type.add(name=f"{kind.capitalize()}List").field.add(
@@ -194,7 +194,7 @@ def encode_example(features: dict[str, tuple[str, Sequence[Any]]]) -> bytes:
 
 def make_example(image: bytes, image_format: str, height: int, width: int,
                  label: Sequence[float], name: str, patient_id: int) -> bytes:
-    """The Example this module stores for one image (see :mod:`chexnet_utils.tfrecords`):
+    """The Example this module stores for one image (see :mod:`chexnet_utils.data.tfrecords`):
     what ``tf.train.Example(...).SerializeToString(deterministic=True)`` gives."""
     if len(label) != NUM_CLASSES:
         raise ValueError(f"label must have {NUM_CLASSES} values, got {len(label)}")

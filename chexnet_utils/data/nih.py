@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chexnet_utils.labels import (
+from chexnet_utils.data.labels import (
     NO_FINDING,
     PATHOLOGIES,
     LabelError,

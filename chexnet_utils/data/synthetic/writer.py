@@ -20,19 +20,19 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from chexnet_utils import nih
 from chexnet_utils.atomic import atomic_path, write_text_atomic
 from chexnet_utils.checks import require_at_least
+from chexnet_utils.data import nih
+from chexnet_utils.data.synthetic.patients import rng_stream, sample_records, split_by_patient
+from chexnet_utils.data.synthetic.render import encode_png, render_image
 from chexnet_utils.devices import usable_cores
 from chexnet_utils.processes import worker_init
-from chexnet_utils.synthetic.patients import rng_stream, sample_records, split_by_patient
-from chexnet_utils.synthetic.render import encode_png, render_image
 
 GENERATOR_VERSION = 1
 """Bumped whenever the output for a given (n, size, seed) changes."""
 
 MARKER_NAME = "SYNTHETIC.json"
-_GENERATOR_ID = "chexnet_utils.synthetic"
+_GENERATOR_ID = "chexnet_utils.data.synthetic"
 
 _NAME_RE = re.compile(r"\d{8}_\d{3}\.png")
 
@@ -79,7 +79,7 @@ def _marker(n: int, size: int, seed: int, per_folder: int, complete: bool,
         "seed": seed,
         "per_folder": per_folder,
         "complete": complete,
-        "note": "Synthetic stand-in for NIH ChestX-ray14 written by chexnet_utils.synthetic; "
+        "note": "Synthetic stand-in for NIH ChestX-ray14 written by chexnet_utils.data.synthetic; "
                 "not real patient data.",
         **(extra or {}),
     }

@@ -2,16 +2,16 @@
 
 Modules, one concern each (every public name is re-exported here):
 
-- :mod:`~chexnet_utils.tfrecords.wire`: CRC-32C, TFRecord framing, ``tf.train.Example``
+- :mod:`~chexnet_utils.data.tfrecords.wire`: CRC-32C, TFRecord framing, ``tf.train.Example``
   messages from the ``protobuf`` package (no TensorFlow), :func:`parse_example` for
   ``tf.data``;
-- :mod:`~chexnet_utils.tfrecords.images`: validate, convert to 8-bit grey, resize, encode;
+- :mod:`~chexnet_utils.data.tfrecords.images`: validate, convert to 8-bit grey, resize, encode;
   :func:`decode_image`;
-- :mod:`~chexnet_utils.tfrecords.plan`: the shard plan (:func:`planned_shard_count`);
-- :mod:`~chexnet_utils.tfrecords.convert`: the converter (:func:`convert_dataset`);
-- :mod:`~chexnet_utils.tfrecords.verify`: folder layout, manifest, :func:`list_shards`,
+- :mod:`~chexnet_utils.data.tfrecords.plan`: the shard plan (:func:`planned_shard_count`);
+- :mod:`~chexnet_utils.data.tfrecords.convert`: the converter (:func:`convert_dataset`);
+- :mod:`~chexnet_utils.data.tfrecords.verify`: folder layout, manifest, :func:`list_shards`,
   :func:`verify`;
-- :mod:`~chexnet_utils.tfrecords.bench`: conversion throughput (:func:`bench_conversion`).
+- :mod:`~chexnet_utils.data.tfrecords.bench`: conversion throughput (:func:`bench_conversion`).
 
 Why TFRecords: 112,120 PNGs of ~400 KB each are read far faster as a few hundred large files
 than as small ones, and the labels travel with the pixels. One conversion serves every later
@@ -36,7 +36,7 @@ key                type        content
 ``image/format``   bytes       ``b"png"`` or ``b"jpeg"``
 ``image/height``   int64       height of the stored image in pixels
 ``image/width``    int64       width of the stored image in pixels
-``label``          float x 14  multi-hot, in :data:`chexnet_utils.labels.PATHOLOGIES` order
+``label``          float x 14  multi-hot, in :data:`chexnet_utils.data.labels.PATHOLOGIES` order
 ``image/name``     bytes       NIH image name, e.g. ``b"00000001_000.png"``
 ``patient_id``     int64       NIH patient id
 =================  ==========  ====================================================
@@ -77,7 +77,7 @@ Decisions worth knowing
   validates every image (header, chunk CRCs, full decode) in parallel, leaves the bad ones out,
   lists them in ``skipped.json`` / ``skipped.txt`` and only then assigns shards, so the
   assignment stays deterministic. A malformed ``Data_Entry_2017.csv`` (unknown label, bad row)
-  is always fatal: :class:`chexnet_utils.nih.DataFormatError` names the file and row, under
+  is always fatal: :class:`chexnet_utils.data.nih.DataFormatError` names the file and row, under
   either policy, since no label in that file can then be trusted.
 * **Resumable.** Shards are written to ``NAME.tmp-PID``, fsynced and renamed; the manifest is
   rewritten atomically after every finished shard. A rerun with the same parameters keeps every
@@ -91,18 +91,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from chexnet_utils.tfrecords.images import PNG_COMPRESS_LEVEL, decode_image, prepare_image, to_grey8
-from chexnet_utils.tfrecords.plan import (
+from chexnet_utils.data.tfrecords.bench import bench_conversion, decode_ms, format_bench_conversion
+from chexnet_utils.data.tfrecords.convert import ConversionResult, convert_dataset
+from chexnet_utils.data.tfrecords.images import PNG_COMPRESS_LEVEL, decode_image, prepare_image, to_grey8
+from chexnet_utils.data.tfrecords.plan import (
     DEFAULT_SHARD_MB,
     SHARD_MULTIPLE,
     planned_shard_count,
     shard_name,
     shard_workers_note,
 )
-from chexnet_utils.tfrecords.verify import (FORMAT, FORMAT_VERSION, MANIFEST_NAME, SKIPPED_JSON,
+from chexnet_utils.data.tfrecords.verify import (FORMAT, FORMAT_VERSION, MANIFEST_NAME, SKIPPED_JSON,
                                             SKIPPED_TXT, SPLITS, ConversionError, VerifyReport,
                                             list_shards, load_manifest, verify)
-from chexnet_utils.tfrecords.wire import (
+from chexnet_utils.data.tfrecords.wire import (
     CRC32C_IMPLEMENTATION,
     crc32c,
     decode_example,
@@ -116,8 +118,6 @@ from chexnet_utils.tfrecords.wire import (
     read_records,
     write_records,
 )
-from chexnet_utils.tfrecords.convert import ConversionResult, convert_dataset
-from chexnet_utils.tfrecords.bench import bench_conversion, decode_ms, format_bench_conversion
 
 __all__ = [
     "CRC32C_IMPLEMENTATION",

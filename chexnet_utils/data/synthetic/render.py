@@ -17,9 +17,9 @@ from PIL import Image
 
 from chexnet_utils.atomic import atomic_path
 from chexnet_utils.checks import require_at_least
-from chexnet_utils.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES, parse_finding_labels
-from chexnet_utils.synthetic.anatomy import Canvas, Shot, draw_anatomy, draw_shot, render_base
-from chexnet_utils.synthetic.findings import POST_ORDER, POST_SIGNS, PRE_SIGNS
+from chexnet_utils.data.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES, parse_finding_labels
+from chexnet_utils.data.synthetic.anatomy import Canvas, Shot, draw_anatomy, draw_shot, render_base
+from chexnet_utils.data.synthetic.findings import POST_ORDER, POST_SIGNS, PRE_SIGNS
 
 _RENDER_MAX = 512
 """Images larger than this are rendered at this side and upscaled (X-rays are smooth)."""

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from chexnet_utils.data.tfrecords.convert import convert_dataset
 from chexnet_utils.devices import usable_cores
-from chexnet_utils.tfrecords.convert import convert_dataset
 
 __all__ = ["bench_conversion", "decode_ms", "format_bench_conversion"]
 
@@ -75,7 +75,7 @@ def decode_ms(tfrecords_dir: Path | str, image_size: int, n: int = 40,
     """Mean milliseconds to decode one stored image and resize it to ``image_size``.
 
     Reads the first ``n`` records of ``split`` in ``tfrecords_dir`` into memory, decodes one
-    untimed (warm-up), then times :func:`~chexnet_utils.tfrecords.decode_image` over all of
+    untimed (warm-up), then times :func:`~chexnet_utils.data.tfrecords.decode_image` over all of
     them on this thread: the CPU cost per image that a training pipeline pays every epoch.
     Comparing a full-size and a resized conversion shows what resizing at conversion saves.
     Raises ``ValueError`` when ``n`` < 1 or the split has no record.
@@ -84,9 +84,9 @@ def decode_ms(tfrecords_dir: Path | str, image_size: int, n: int = 40,
 
     import tensorflow as tf
 
-    from chexnet_utils.tfrecords.images import decode_image
-    from chexnet_utils.tfrecords.verify import list_shards
-    from chexnet_utils.tfrecords.wire import parse_example
+    from chexnet_utils.data.tfrecords.images import decode_image
+    from chexnet_utils.data.tfrecords.verify import list_shards
+    from chexnet_utils.data.tfrecords.wire import parse_example
 
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")

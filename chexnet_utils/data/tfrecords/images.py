@@ -34,7 +34,7 @@ def check_pixels(width: int, height: int) -> None:
     if width * height > MAX_PIXELS:
         raise Image.DecompressionBombError(
             f"{width} x {height} pixels, more than the converter's limit of {MAX_PIXELS} "
-            "(chexnet_utils.tfrecords.images.MAX_PIXELS)")
+            "(chexnet_utils.data.tfrecords.images.MAX_PIXELS)")
 
 
 def limit_decoding() -> None:

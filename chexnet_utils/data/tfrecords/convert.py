@@ -2,9 +2,9 @@
 deterministic (:func:`convert_dataset`).
 
 It scans the source images (sizes for the plan; with ``on_error="skip"`` a full validation),
-plans the shards (:mod:`chexnet_utils.tfrecords.plan`), keeps the shards an interrupted run
+plans the shards (:mod:`chexnet_utils.data.tfrecords.plan`), keeps the shards an interrupted run
 already finished, writes the rest (one task per shard, in worker processes that never import
-TensorFlow) and finalizes ``manifest.json``. See :mod:`chexnet_utils.tfrecords` for the
+TensorFlow) and finalizes ``manifest.json``. See :mod:`chexnet_utils.data.tfrecords` for the
 decisions behind it.
 """
 
@@ -31,11 +31,9 @@ from chexnet_utils.atomic import (
     write_json_atomic,
     write_text_atomic,
 )
-from chexnet_utils.devices import usable_cores
-from chexnet_utils.labels import NUM_CLASSES, PATHOLOGIES
-from chexnet_utils.nih import NIHDataset
-from chexnet_utils.processes import worker_init
-from chexnet_utils.tfrecords.images import (
+from chexnet_utils.data.labels import NUM_CLASSES, PATHOLOGIES
+from chexnet_utils.data.nih import NIHDataset
+from chexnet_utils.data.tfrecords.images import (
     PNG_COMPRESS_LEVEL,
     check_pixels,
     describe_error,
@@ -44,7 +42,7 @@ from chexnet_utils.tfrecords.images import (
     prepare_image,
     to_grey8,
 )
-from chexnet_utils.tfrecords.plan import (
+from chexnet_utils.data.tfrecords.plan import (
     DEFAULT_SHARD_MB,
     SHARD_MULTIPLE,
     ShardItem,
@@ -53,7 +51,7 @@ from chexnet_utils.tfrecords.plan import (
     shard_name,
     shard_workers_note,
 )
-from chexnet_utils.tfrecords.verify import (
+from chexnet_utils.data.tfrecords.verify import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -65,7 +63,9 @@ from chexnet_utils.tfrecords.verify import (
     load_manifest,
     names_sha256,
 )
-from chexnet_utils.tfrecords.wire import CRC32C_IMPLEMENTATION, frame_record, make_example
+from chexnet_utils.data.tfrecords.wire import CRC32C_IMPLEMENTATION, frame_record, make_example
+from chexnet_utils.devices import usable_cores
+from chexnet_utils.processes import worker_init
 
 __all__ = ["ConversionResult", "convert_dataset"]
 
@@ -638,12 +638,12 @@ def convert_dataset(
     ``ConversionResult.summary()`` prints the count per split and the worker counts it
     divides. ``workers`` processes convert one shard per task (default: the cores this
     process may use; 1 converts in this process); the shard plan never depends on it. See
-    :mod:`chexnet_utils.tfrecords` for the error policy, determinism and resuming. Steps:
+    :mod:`chexnet_utils.data.tfrecords` for the error policy, determinism and resuming. Steps:
     :func:`_earlier_conversion` (resume, refuse or wipe), :func:`_items`, :func:`_scan`,
     :func:`_plan`, :func:`_reuse`, :func:`_start_manifest`, :func:`_write_all`,
     :func:`_finalize`. Raises :class:`ConversionError` (bad image under
     ``on_error="fail"``, conflicting earlier conversion, including one made with an older
-    version's shard plan), :class:`chexnet_utils.nih.DataFormatError` (bad CSV or split
+    version's shard plan), :class:`chexnet_utils.data.nih.DataFormatError` (bad CSV or split
     list; both read before anything else) or ``OSError`` naming ``out_dir`` when nothing can
     be written there (tried before the scan).
     """

@@ -1,7 +1,7 @@
 """The layout of a converted folder: names, ``manifest.json``, listing the shards of a split,
 and :func:`verify`, which checks a folder against its manifest and the source data.
 
-Layout written by :func:`chexnet_utils.tfrecords.convert_dataset` to ``OUT_DIR``::
+Layout written by :func:`chexnet_utils.data.tfrecords.convert_dataset` to ``OUT_DIR``::
 
     OUT_DIR/
       train-00000-of-00296.tfrecord      # {split}-{i:05d}-of-{n:05d}.tfrecord
@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from chexnet_utils.labels import NUM_CLASSES
-from chexnet_utils.nih import NIHDataset
-from chexnet_utils.tfrecords.wire import read_examples
+from chexnet_utils.data.labels import NUM_CLASSES
+from chexnet_utils.data.nih import NIHDataset
+from chexnet_utils.data.tfrecords.wire import read_examples
 
 __all__ = [
     "MANIFEST_NAME",
@@ -45,7 +45,7 @@ MANIFEST_NAME = "manifest.json"
 SKIPPED_JSON = "skipped.json"
 SKIPPED_TXT = "skipped.txt"
 SPLITS: tuple[str, ...] = ("train", "val", "test")
-FORMAT = "chexnet_utils.tfrecords"
+FORMAT = "chexnet_utils.data.tfrecords"
 FORMAT_VERSION = 1
 _SHARD_RE = re.compile(r"^(?P<split>[A-Za-z0-9_]+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.tfrecord$")
 

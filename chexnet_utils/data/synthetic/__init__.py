@@ -10,7 +10,7 @@
       ...                              # ``per_folder`` PNGs per folder (NIH: ~10,000)
       SYNTHETIC.json                   # marker: {n, size, seed, generator version, ...}
 
-so that :meth:`chexnet_utils.nih.NIHDataset.load` reads it unchanged. The images are 8-bit
+so that :meth:`chexnet_utils.data.nih.NIHDataset.load` reads it unchanged. The images are 8-bit
 greyscale PNGs that look like frontal (PA/AP) chest films: dark air around a bright body with
 neck and shoulders, two dark lung fields with vessel markings, ribs, clavicles, trachea, spine,
 the heart shadow to the image's right of the midline (the patient's left), diaphragm domes and
@@ -36,10 +36,10 @@ The package, one concern per module (this file only re-exports the public names)
 - :mod:`.writer`: :func:`generate_dataset` / :func:`ensure_dataset`, the NIH folder layout.
 """
 
-from chexnet_utils.synthetic.patients import (TARGET_PREVALENCE, TEST_FRACTION, sample_records,
+from chexnet_utils.data.synthetic.patients import (TARGET_PREVALENCE, TEST_FRACTION, sample_records,
                                               split_by_patient)
-from chexnet_utils.synthetic.render import encode_png, render_image
-from chexnet_utils.synthetic.writer import (GENERATOR_VERSION, MARKER_NAME, ensure_dataset,
+from chexnet_utils.data.synthetic.render import encode_png, render_image
+from chexnet_utils.data.synthetic.writer import (GENERATOR_VERSION, MARKER_NAME, ensure_dataset,
                                             generate_dataset, read_marker)
 
 __all__ = [

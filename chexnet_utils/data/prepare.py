@@ -14,7 +14,7 @@ from pathlib import Path
 
 from chexnet_utils.atomic import folder_lock
 from chexnet_utils.config import Scale, data_dir, scale, using_real_data, work_dir
-from chexnet_utils.nih import NIHDataset
+from chexnet_utils.data.nih import NIHDataset
 
 SYNTHETIC_SEED = 0
 
@@ -24,7 +24,7 @@ def prepare_data(s: Scale | None = None, progress: bool = True) -> NIHDataset:
     s = s or scale()
     root = data_dir(s)
     if not using_real_data():
-        from chexnet_utils.synthetic import ensure_dataset
+        from chexnet_utils.data.synthetic import ensure_dataset
 
         root.mkdir(parents=True, exist_ok=True)
         with folder_lock(root, waiting=f"waiting for another process that prepares {root}"):
@@ -47,7 +47,7 @@ def prepare_tfrecords(image_size: int | None = None, s: Scale | None = None,
     same parameters is detected from its manifest and reused as is (a few milliseconds); an
     interrupted one resumes.
     """
-    from chexnet_utils.tfrecords import convert_dataset
+    from chexnet_utils.data.tfrecords import convert_dataset
 
     s = s or scale()
     ds = prepare_data(s, progress=progress)

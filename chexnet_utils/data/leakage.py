@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from chexnet_utils.nih import ImageRecord, Split
+from chexnet_utils.data.nih import ImageRecord, Split
 
 
 def image_level_split(records: Sequence[ImageRecord], test_fraction: float = 0.2,
