@@ -124,7 +124,7 @@ PRESET_BATCHES ?= $(shell "$(PY)" -c 'from chexnet_utils.config import SCALES; p
 # (chexnet_utils/lab.py); extra options through LAB_ARGS, e.g. LAB_ARGS="--port 8801".
 # PRIVATE=1 (a shared host): the lab and everything it starts (kernels, MPI engines and
 # mpiexec, the tf.data service) in a network namespace of your own, made without root
-# (python -m chexnet_utils.exposure private), so no other account or host can reach any of
+# (python -m chexnet_utils.platform.exposure private), so no other account or host can reach any of
 # it; JupyterLab then listens on a Unix socket (mode 0600; LAB_SOCKET, default
 # $(BUILD)/lab.sock), reached with ssh -L 8888:<socket> you@host, then the
 # http://127.0.0.1:8888/lab?token=... it prints (the host part of its URL aside).
@@ -136,7 +136,7 @@ ifeq ($(PRIVATE),1)
 	mkdir -p "$(BUILD)"
 	sock="$(LAB_SOCKET)"; [ -n "$$sock" ] || sock="$$(cd "$(BUILD)" && pwd)/lab.sock"; \
 	echo "JupyterLab on $$sock: from your laptop, ssh -L 8888:$$sock $$USER@$$(hostname)"; \
-	exec "$(PY)" -m chexnet_utils.exposure private -- "$(PY)" -m chexnet_utils.lab \
+	exec "$(PY)" -m chexnet_utils.platform.exposure private -- "$(PY)" -m chexnet_utils.lab \
 	  --notebook-dir=notebooks --ServerApp.sock="$$sock" $(LAB_ARGS)
 else
 	"$(PY)" -m chexnet_utils.lab --notebook-dir=notebooks $(LAB_ARGS)
@@ -196,7 +196,7 @@ clean:
 distclean: clean
 	rm -rf "$(VENV)" .venv-gpu .venv-py3* data/synthetic-*
 
-# A real Slurm on this machine for the user who runs it (chexnet_utils/slurm_local.py; needs
+# A real Slurm on this machine for the user who runs it (chexnet_utils/cluster/slurm_local.py; needs
 # slurm-wlm + munge, which `make setup` installs as root, but not root itself): munged,
 # slurmctld and slurmd as that user, listening on loopback where the host name resolves to it,
 # munge's socket private to that user (no other account can submit), everything in
@@ -208,4 +208,4 @@ distclean: clean
 SLURM_ARGS ?= run
 SLURM_DIR ?= $(BUILD)/slurm
 slurm: setup
-	"$(PY)" -m chexnet_utils.slurm_local $(SLURM_ARGS) --dir "$(SLURM_DIR)"
+	"$(PY)" -m chexnet_utils.cluster.slurm_local $(SLURM_ARGS) --dir "$(SLURM_DIR)"

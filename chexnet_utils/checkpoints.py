@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chexnet_utils.atomic import create_temp, fsync_dir, fsync_file, json_safe, write_json_atomic
+from chexnet_utils.platform.atomic import create_temp, fsync_dir, fsync_file, json_safe, write_json_atomic
 
 if TYPE_CHECKING:
     import keras
@@ -111,7 +111,7 @@ def write_checkpoint(ckpt_dir: Path, state: dict[str, Any],
 
     ``writers`` maps each file to write (:data:`BEST_NAME`, :data:`LAST_NAME`) to a function
     that writes a given path (``model.save_weights``, ``model.save``). Each goes to a new
-    temporary file in ``ckpt_dir`` (:func:`~chexnet_utils.atomic.create_temp`, with the
+    temporary file in ``ckpt_dir`` (:func:`~chexnet_utils.platform.atomic.create_temp`, with the
     suffix Keras wants) and is flushed to disk. Then ``state.json`` is written atomically
     naming those temporary files: that write is the commit point. Then they are renamed into
     place and ``state.json`` rewritten without their names. A crash before the commit leaves
@@ -157,7 +157,7 @@ def load_checkpoint(out_dir: Path | str) -> tuple[keras.Model, dict[str, Any]]:
     """
     import keras
 
-    from chexnet_utils.models import custom_objects
+    from chexnet_utils.model.models import custom_objects
 
     ckpt_dir = Path(out_dir) / CHECKPOINT_DIR
     state = read_state(ckpt_dir)

@@ -47,7 +47,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _cmd_envcheck(args: argparse.Namespace) -> int:
-    from chexnet_utils.envcheck import environment_report, require_capabilities
+    from chexnet_utils.hardware.envcheck import environment_report, require_capabilities
 
     report = environment_report()
     if args.json:
@@ -70,7 +70,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_tutorial(args: argparse.Namespace) -> int:
-    from chexnet_utils.tutorial import run_tutorial
+    from chexnet_utils.notebook.tutorial import run_tutorial
 
     runs = run_tutorial(args.notebooks, args.out)
     failed = [r.notebook.name for r in runs if r.error]
@@ -81,14 +81,14 @@ def _cmd_tutorial(args: argparse.Namespace) -> int:
 
 
 def _cmd_whoami(args: argparse.Namespace) -> int:
-    from chexnet_utils.distributed import rank_info
+    from chexnet_utils.cluster.distributed import rank_info
 
     print(json.dumps(rank_info()), flush=True)
     return 0
 
 
 def _cmd_nbclean(args: argparse.Namespace) -> int:
-    from chexnet_utils.nbtools import clean_all
+    from chexnet_utils.notebook.nbtools import clean_all
 
     clean_all(args.notebooks, execute=args.execute)
     return 0
@@ -120,7 +120,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
-    from chexnet_utils.benchmark import bench_pipelines, format_bench
+    from chexnet_utils.bench.benchmark import bench_pipelines, format_bench
 
     result = bench_pipelines(
         args.tfrecords, image_size=args.image_size, batch_size=args.batch_size,
@@ -141,7 +141,7 @@ def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
 def _cmd_bench_service(args: argparse.Namespace) -> int:
     from chexnet_utils.config import scale
     from chexnet_utils.data.prepare import prepare_tfrecords
-    from chexnet_utils.tfdata_service import bench_service, format_bench_service
+    from chexnet_utils.input.tfdata_service import bench_service, format_bench_service
 
     tfr = args.tfrecords or prepare_tfrecords(None, progress=False)
     result = bench_service(
@@ -157,7 +157,7 @@ def _cmd_bench_service(args: argparse.Namespace) -> int:
 def _write_json(path: Path | None, result: dict) -> None:
     """Write a command's ``--json`` result (atomically, strict JSON), if asked to."""
     if path is not None:
-        from chexnet_utils.atomic import write_json_atomic
+        from chexnet_utils.platform.atomic import write_json_atomic
 
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, result)
@@ -208,7 +208,7 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
 
 
 def _cmd_bench_scaling(args: argparse.Namespace) -> int:
-    from chexnet_utils.scaling import bench_scaling, format_scaling
+    from chexnet_utils.bench.scaling import bench_scaling, format_scaling
 
     tfr = args.tfrecords
     if tfr is None:
@@ -229,9 +229,10 @@ def _cmd_bench_scaling(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_gpu_node(args: argparse.Namespace) -> int:
-    from chexnet_utils import config, devices
-    from chexnet_utils.accelerator import parse_switch
-    from chexnet_utils.gpu_node import bench_gpu_node, format_gpu_node, no_gpu_message
+    from chexnet_utils import config
+    from chexnet_utils.bench.gpu_node import bench_gpu_node, format_gpu_node, no_gpu_message
+    from chexnet_utils.hardware import devices
+    from chexnet_utils.model.accelerator import parse_switch
 
     visible = devices.visible_gpus()
     plan = devices.worker_plan(max(1, len(visible)), gpus=len(visible))
@@ -507,7 +508,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """Prove that a command's output folders can be written before work that writes late
     (a benchmark's ``--json``, the first epoch of ``train``, the first notebook of
     ``tutorial``; ``tfrecords`` checks its own before the scan)."""
-    from chexnet_utils.atomic import require_writable_dir
+    from chexnet_utils.platform.atomic import require_writable_dir
 
     json_path = getattr(args, "json", None)
     if isinstance(json_path, Path):
@@ -526,12 +527,12 @@ def _error_line(e: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    from chexnet_utils.processes import command_lifetime, exit_status, interruption
+    from chexnet_utils.platform.processes import command_lifetime, exit_status, interruption
 
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     # SIGTERM cleans up like Ctrl-C; nothing the command started outlives it, not even
-    # after a SIGKILL (chexnet_utils.processes). `whoami` and `envcheck` start nothing.
+    # after a SIGKILL (chexnet_utils.platform.processes). `whoami` and `envcheck` start nothing.
     with command_lifetime(watchdog=args.command not in ("whoami", "envcheck")):
         try:
             _check_outputs(args)

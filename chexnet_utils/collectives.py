@@ -3,7 +3,7 @@
 In data-parallel training every worker computes gradients on its own mini-batch, and before
 the weights can be updated the gradients must be **averaged across all workers**. This
 module times the two classic ways of doing it on Horovod workers (ipyparallel MPI engines,
-see :class:`chexnet_utils.distributed.MPICluster`); :mod:`chexnet_utils.costmodel` models
+see :class:`chexnet_utils.cluster.distributed.MPICluster`); :mod:`chexnet_utils.costmodel` models
 the measurements.
 
 Parameter server (PS)
@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from chexnet_utils.bench_timing import barrier_windows
+from chexnet_utils.bench.bench_timing import barrier_windows
 from chexnet_utils.config import SCALES, scale
-from chexnet_utils.devices import usable_cpus
+from chexnet_utils.hardware.devices import usable_cpus
 
 KIB = 1024
 MIB = 1024 * 1024

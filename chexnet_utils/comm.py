@@ -8,7 +8,7 @@ the code lives in one module per concern:
   engines (``ps_average``, ``allreduce_times``, ``parameter_server_times``,
   ``allreduce_burst_times``, ``allreduce_scan_on_engine``) and the sweeps' tensor sizes
   (``message_sizes``, ``default_max_bytes``, ``format_bytes``, ``MIB``);
-- :mod:`chexnet_utils.steptimer`: one training step timed with Horovod or
+- :mod:`chexnet_utils.bench.steptimer`: one training step timed with Horovod or
   MultiWorkerMirroredStrategy (``StepConfig``, ``hvd_throughput_on_engine``,
   ``free_local_port``, ``tf_config``, ``mwms_setup_on_engine``,
   ``backend_throughput_on_engine``);
@@ -23,6 +23,15 @@ modules. Nothing is defined here.
 
 from __future__ import annotations
 
+from chexnet_utils.bench.steptimer import (
+    StepConfig,
+    backend_throughput_on_engine,
+    free_local_port,
+    hvd_throughput_on_engine,
+    mwms_setup_on_engine,
+    mwms_strategy,
+    tf_config,
+)
 from chexnet_utils.collectives import (
     MIB,
     allreduce_burst_times,
@@ -54,15 +63,6 @@ from chexnet_utils.hvd_timeline import (
     short_tensor_name,
     timeline_summary,
     wait_for_timeline,
-)
-from chexnet_utils.steptimer import (
-    StepConfig,
-    backend_throughput_on_engine,
-    free_local_port,
-    hvd_throughput_on_engine,
-    mwms_setup_on_engine,
-    mwms_strategy,
-    tf_config,
 )
 
 __all__ = [

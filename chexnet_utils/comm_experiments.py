@@ -1,7 +1,7 @@
 """Notebooks 05 and 06's experiments that are not a collective themselves: the glue around them.
 
 The collectives and step timers live in :mod:`chexnet_utils.collectives` and
-:mod:`chexnet_utils.steptimer`; this module holds what notebooks 05 and 06 run *around* them, so
+:mod:`chexnet_utils.bench.steptimer`; this module holds what notebooks 05 and 06 run *around* them, so
 the notebook shows the calls and not the bookkeeping:
 
 - :func:`ps_and_ring_once`: one tiny tensor averaged both ways (parameter server and
@@ -40,7 +40,7 @@ def run_bursts(cluster: Any, bursts: Mapping[str, Sequence[int]], repeats: int,
                timeout: float = 600.0) -> dict[str, dict[str, Any]]:
     """Rank 0's :func:`~chexnet_utils.collectives.allreduce_burst_times` for every burst of
     ``bursts`` (name -> elements of each tensor), run on ``cluster`` (an
-    :class:`~chexnet_utils.distributed.MPICluster`) one burst after the other."""
+    :class:`~chexnet_utils.cluster.distributed.MPICluster`) one burst after the other."""
     return {name: cluster.run(allreduce_burst_times, list(elems), repeats, timeout=timeout,
                               stream_rank0=False)[0]
             for name, elems in bursts.items()}

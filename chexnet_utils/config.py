@@ -19,9 +19,9 @@
     is a field of :class:`Scale`).
 ``CHEXNET_MIXED_PRECISION``, ``CHEXNET_XLA``
     ``on`` / ``off`` / ``auto`` (default): mixed precision and XLA, on where the process has a
-    GPU (:mod:`chexnet_utils.accelerator`). On a GPU node the notebooks start one worker per
+    GPU (:mod:`chexnet_utils.model.accelerator`). On a GPU node the notebooks start one worker per
     visible GPU (``CUDA_VISIBLE_DEVICES``), at most ``max_workers``
-    (:func:`chexnet_utils.devices.worker_plan`).
+    (:func:`chexnet_utils.hardware.devices.worker_plan`).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Scale:
     04's scaling measurement: long enough that a pipeline slower than the step has used up
     the decoded batches it buffered before the clock starts. The old approach holds
     ``prefetch(batch_size)``, that is ``batch_size`` whole batches, plus a shuffle buffer of
-    :data:`chexnet_utils.scaling.SHUFFLE_BUFFER` decoded images: 16 + 2 batches at batch 16
+    :data:`chexnet_utils.bench.scaling.SHUFFLE_BUFFER` decoded images: 16 + 2 batches at batch 16
     (20 steps), 8 + 4 at batch 8 (the ci preset's 16), 32 + 1 at batch 32 (gpu-node's 40).
     Fewer would time stock, not throughput."""
     accel_ms: float = 20.0

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from chexnet_utils.atomic import write_text_atomic
-from chexnet_utils.models import FULL_SIZE_ARCHITECTURES
+from chexnet_utils.model.models import FULL_SIZE_ARCHITECTURES
+from chexnet_utils.platform.atomic import write_text_atomic
 
 REPORTED_HOROVOD_2018: dict[str, dict[str, float]] = {
     "Inception V3": {"gpus": 512, "efficiency": 0.90, "params_millions": 23.8},
@@ -271,14 +271,14 @@ def simulate_parameter_server(arrays: Sequence[np.ndarray], server: int | None =
 
 
 def gradient_sizes(arch: str, image_size: int = 224) -> dict[str, Any]:
-    """Parameter counts of :func:`~chexnet_utils.models.build_chexnet` (``weights=None``).
+    """Parameter counts of :func:`~chexnet_utils.model.models.build_chexnet` (``weights=None``).
 
     ``params``: all weights; ``trainable_params``: those that get a gradient (BatchNorm's
     moving mean/variance do not); ``grad_bytes = 4 x trainable_params`` (float32): what
     every worker must average every step; ``tensor_elems``: the size of each gradient
     tensor (how many separate allreduces without fusion). Builds the model (seconds).
     """
-    from chexnet_utils.models import build_chexnet
+    from chexnet_utils.model.models import build_chexnet
 
     model = build_chexnet(arch, image_size, weights=None)
     elems = [int(np.prod(v.shape)) for v in model.trainable_variables]

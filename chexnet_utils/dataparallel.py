@@ -1,8 +1,8 @@
 """The data-parallel seams of training: what turns one Keras worker into one of N (Horovod).
 
 :func:`chexnet_utils.training.train` with ``distributed=True``, the engine step timers of
-:mod:`chexnet_utils.steptimer` and :mod:`chexnet_utils.scaling`, and the GPU node checks of
-:mod:`chexnet_utils.gpu_node` all use these, so that every measured step is the step that
+:mod:`chexnet_utils.bench.steptimer` and :mod:`chexnet_utils.bench.scaling`, and the GPU node checks of
+:mod:`chexnet_utils.bench.gpu_node` all use these, so that every measured step is the step that
 training takes. Which of the six Horovod changes each one is:
 
 * :func:`init_world` - ``hvd.init()`` and one device (or thread budget) per process
@@ -44,13 +44,13 @@ def init_world(distributed: bool = False) -> tuple[int, int]:
 
     Distributed: ``hvd.init()`` (steps 1 and 2 of the conversion: a no-op when already
     initialised), then pin this process to GPU ``hvd.local_rank()`` or, on CPU, give it
-    ``cores // local_size`` threads (:func:`chexnet_utils.devices.pin_process`).
+    ``cores // local_size`` threads (:func:`chexnet_utils.hardware.devices.pin_process`).
     """
     if not distributed:
         return 0, 1
     import horovod.tensorflow as hvd
 
-    from chexnet_utils.devices import pin_process
+    from chexnet_utils.hardware.devices import pin_process
 
     hvd.init()
     pin_process(hvd.local_rank(), hvd.local_size())

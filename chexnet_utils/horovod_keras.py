@@ -22,7 +22,7 @@ Measured with Horovod 0.28.1 on Keras 3 (TensorFlow backend), 2 ranks (tests/mpi
     calls (it uses a ``GradientTape`` and ``apply_gradients``). Every rank then trains on its
     own gradients and the copies drift apart (:func:`keras_optimizer_digests` proves it).
     The same script works on Keras 2 (``tf-keras`` with ``TF_USE_LEGACY_KERAS=1``);
-(d) the project's own ``train_step`` (:class:`chexnet_utils.models.ChexNet`) with a
+(d) the project's own ``train_step`` (:class:`chexnet_utils.model.models.ChexNet`) with a
     ``gradient_reducer`` seam: :func:`chexnet_utils.training.train` fills it with (b); the
     alternative filling, one grouped allreduce, is the "(d)" row of notebook 04.
 
@@ -187,7 +187,7 @@ def pattern_digests(pattern: str, steps: int = 3, image_size: int = 32,
     import horovod.tensorflow as hvd
     import keras
 
-    from chexnet_utils.models import build_chexnet
+    from chexnet_utils.model.models import build_chexnet
 
     if pattern not in AVERAGERS:
         raise ValueError(f"pattern must be one of {', '.join(AVERAGERS)}, got {pattern!r}")
@@ -223,7 +223,7 @@ def keras_optimizer_digests(steps: int = 4, batch_size: int = 8, image_size: int
     import horovod.tensorflow.keras as hvd_keras
     import keras
 
-    from chexnet_utils.models import build_chexnet
+    from chexnet_utils.model.models import build_chexnet
 
     hvd.init()
     keras.utils.set_random_seed(seed)
@@ -288,7 +288,7 @@ def allreduce_enqueue_spread(mode: str, path: str, steps: int = 4, image_size: i
     import keras
 
     from chexnet_utils.hvd_timeline import parse_timeline, record_timeline, wait_for_timeline
-    from chexnet_utils.models import build_chexnet
+    from chexnet_utils.model.models import build_chexnet
 
     if mode not in AVERAGERS:
         raise ValueError(f"mode must be one of {', '.join(AVERAGERS)}, got {mode!r}")
@@ -325,7 +325,7 @@ def _trial_model(seed: int, image_size: int, optimizer: Any) -> tuple[Any, Any]:
     """The small CheXNet built from ``seed``, and ``optimizer`` built for its weights."""
     import keras
 
-    from chexnet_utils.models import build_chexnet
+    from chexnet_utils.model.models import build_chexnet
 
     keras.utils.set_random_seed(seed)
     model = build_chexnet("small", image_size)
@@ -347,7 +347,7 @@ def conversion_trial(convert: Callable[[Any, Any, Any], Callable[[Any, Any], Any
     rank's sha256 digests of the trainable weights before ``convert`` (``built``), after it
     (``start``) and after the steps (``end``), the learning rate it left (``lr``), whether it
     wrote files (``wrote``) and the error it raised (``error``, else ``None``), for
-    :func:`chexnet_utils.exercises.check_horovod_conversion` to judge.
+    :func:`chexnet_utils.notebook.exercises.check_horovod_conversion` to judge.
     """
     import os
 
@@ -420,11 +420,11 @@ def run_on_engines(fn: Callable[..., Any], *args: Any, n_workers: int = 2,
     """``fn(*args)`` on every engine of a fresh ``n_workers``-engine MPI cluster, torn down
     afterwards (or through ``run``, a running cluster's ``cluster.run``): the results in
     rank order. A job that hangs (a rank waiting for a collective the others never join)
-    fails with :class:`~chexnet_utils.distributed.EngineFailure` after ``timeout`` s, and
+    fails with :class:`~chexnet_utils.cluster.distributed.EngineFailure` after ``timeout`` s, and
     the fresh cluster's teardown ends its engines."""
     if run is not None:
         return run(fn, *args, timeout=timeout)
-    from chexnet_utils.distributed import MPICluster
+    from chexnet_utils.cluster.distributed import MPICluster
 
     with MPICluster(n=n_workers) as cluster:
         return cluster.run(fn, *args, timeout=timeout)

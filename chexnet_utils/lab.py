@@ -11,7 +11,7 @@ What a learner leaves behind is bounded (issue 27):
 
 * the sidebar offers the **``chexnet-mpi``** profile (:data:`MPI_PROFILE`, written into the
   IPython folder by :func:`install_mpi_profile`): its clusters are MPI engines under one
-  ``mpiexec``, set up as :class:`~chexnet_utils.distributed.MPICluster` sets up its own
+  ``mpiexec``, set up as :class:`~chexnet_utils.cluster.distributed.MPICluster` sets up its own
   (:func:`configure_mpi_profile`), ready for Horovod;
 * closing a notebook's tab in JupyterLab shuts its kernel down, and with it the clusters
   and services the kernel started (:data:`LAB_OVERRIDES`, JupyterLab's ``kernelShutdown``
@@ -138,12 +138,12 @@ def configure_mpi_profile(c: object, n: int = SIDEBAR_ENGINES) -> None:
     """Fill an ``ipcluster_config.py``'s ``c`` (``get_config()``) so that a cluster of this
     profile, started from the IPython Parallel sidebar (or ``ipcluster start --profile
     chexnet-mpi``), is what ``MPICluster(n)`` starts
-    (:meth:`~chexnet_utils.distributed.MPICluster.ipyparallel_config`): MPI engines under one
+    (:meth:`~chexnet_utils.cluster.distributed.MPICluster.ipyparallel_config`): MPI engines under one
     ``mpiexec``, so Horovod finds its peers; unbound, as ``horovodrun`` leaves them; shared
     memory between ranks; the controller on loopback; as root, Open MPI's allow-root
     switches; a thread budget for ``n`` engines. ``--oversubscribe`` is always passed: the
     sidebar's dialog may ask for more engines than there are cores."""
-    from chexnet_utils.distributed import MPICluster
+    from chexnet_utils.cluster.distributed import MPICluster
 
     settings = MPICluster(n=n, oversubscribe=True).ipyparallel_config(c)
     for name, value in settings.items():
@@ -371,12 +371,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Runs ``jupyter lab`` on loopback with the project kernel; other options are passed
     through (``--port 8801``; ``JUPYTER_PORT`` works too). Ctrl-C and SIGTERM stop the
     server (it shuts its kernels down); kernels, engines and anything else started from the
-    lab do not outlive this command, even if it is killed (:mod:`chexnet_utils.processes`).
+    lab do not outlive this command, even if it is killed (:mod:`chexnet_utils.platform.processes`).
     First it (re)writes the ``chexnet-mpi`` profile into the IPython folder and this
     environment's JupyterLab defaults (:func:`install_mpi_profile`,
     :func:`install_lab_overrides`). Returns the server's exit status (143 after SIGTERM).
     """
-    from chexnet_utils.processes import command_lifetime, exit_status, interruption
+    from chexnet_utils.platform.processes import command_lifetime, exit_status, interruption
 
     args = list(sys.argv[1:] if argv is None else argv)
     root = "notebooks"

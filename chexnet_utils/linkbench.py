@@ -1,4 +1,4 @@
-"""Measurements across the two-namespace link of :mod:`chexnet_utils.netns`.
+"""Measurements across the two-namespace link of :mod:`chexnet_utils.cluster.netns`.
 
 * :func:`run_probe`: Horovod across nodeA / nodeB (``mpirun`` with the namespace launch
   agent, or ``horovodrun --gloo``): every rank reads its veth's byte counters around
@@ -43,10 +43,10 @@ from typing import Any
 
 import numpy as np
 
+from chexnet_utils.cluster.distributed import json_objects
+from chexnet_utils.cluster.netns import TwoNodes, tbf_command, two_nodes, unavailable_reason
 from chexnet_utils.collectives import KIB, MIB, format_bytes, message_sizes
 from chexnet_utils.costmodel import busbw, fit_alpha_beta, predict_ring
-from chexnet_utils.distributed import json_objects
-from chexnet_utils.netns import TwoNodes, tbf_command, two_nodes, unavailable_reason
 
 TCP_PORT = 5201
 """Port of the raw TCP transfer (inside the private namespaces: no collision possible)."""
@@ -451,7 +451,7 @@ def _hierarchical(nodes: TwoNodes, launchers: Sequence[str], cfg: dict[str, Any]
 
 def link_tables(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """The results of :func:`bench_link` as table rows, keyed by caption (for
-    :func:`chexnet_utils.tables.table` in a notebook, or :func:`format_link`)."""
+    :func:`chexnet_utils.notebook.tables.table` in a notebook, or :func:`format_link`)."""
     gbit = 8 / 1e9
     rate = f"tbf {result['rate_bit'] / 1e9:g} Gbit/s"
     rows = []
@@ -515,7 +515,7 @@ def loopback_comparison(result: dict[str, Any],
 
 def format_link(result: dict[str, Any]) -> str:
     """The results as text tables (for the command line)."""
-    from chexnet_utils.tables import markdown_table
+    from chexnet_utils.notebook.tables import markdown_table
 
     lines = [f"preset {result['preset']}, {result['wall_s']:.0f} s"]
     for caption, rows in link_tables(result).items():
@@ -524,7 +524,7 @@ def format_link(result: dict[str, Any]) -> str:
 
 
 def link_unavailable() -> str | None:
-    """Why ``bench link`` cannot run here (see :func:`chexnet_utils.netns.unavailable_reason`)."""
+    """Why ``bench link`` cannot run here (see :func:`chexnet_utils.cluster.netns.unavailable_reason`)."""
     return unavailable_reason()
 
 

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chexnet_utils.atomic import json_safe
 from chexnet_utils.checkpoints import (
     BEST_NAME,
     LAST_NAME,
@@ -38,7 +37,8 @@ from chexnet_utils.checkpoints import (
     write_checkpoint,
 )
 from chexnet_utils.dataparallel import allreduce_mean, broadcast_initial_state
-from chexnet_utils.models import mean_auroc, per_class_auroc
+from chexnet_utils.model.models import mean_auroc, per_class_auroc
+from chexnet_utils.platform.atomic import json_safe
 from chexnet_utils.train_data import loss_value, predict_split
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@
 * :func:`eval_dataset` - the evaluation pipeline of the val and test splits (the new
   approach, no augmentation);
 * :func:`predict_split` - ``(y_true, y_score)`` over one pass of such a dataset, whose
-  exact AUROC :func:`chexnet_utils.models.per_class_auroc` computes;
+  exact AUROC :func:`chexnet_utils.model.models.per_class_auroc` computes;
 * :func:`loss_value` - a loss over a predicted split, as a float (NaN when it is empty).
 """
 
@@ -62,7 +62,7 @@ def split_counts(tfrecords_dir: Path) -> dict[str, int]:
 def eval_dataset(files: Sequence[Path], batch_size: int, image_size: int,
                  antialias: bool) -> tf.data.Dataset:
     """The evaluation dataset of ``files``: the new approach, ``training=False``."""
-    from chexnet_utils.pipelines import new_approach
+    from chexnet_utils.input.pipelines import new_approach
 
     return new_approach(files, batch_size, image_size, training=False, antialias=antialias)
 

@@ -11,12 +11,12 @@ What one call does
 ------------------
 1. Reads the TFRecords manifest: image counts per split and the training label sums (for the
    class weights of the loss and the default ``steps_per_epoch``).
-2. Builds the model (:func:`chexnet_utils.models.build_chexnet`), or with ``resume=True`` loads
+2. Builds the model (:func:`chexnet_utils.model.models.build_chexnet`), or with ``resume=True`` loads
    the last checkpoint (weights, optimizer state, learning rate) and continues with the epoch
    after the last finished one.
-3. Trains with ``model.fit`` on :func:`chexnet_utils.pipelines.new_approach` (or the old
+3. Trains with ``model.fit`` on :func:`chexnet_utils.input.pipelines.new_approach` (or the old
    approach, ``pipeline="old"``) over the ``train`` shards: Adam, a class-weighted binary
-   cross-entropy (:class:`~chexnet_utils.models.WeightedBCE`), ``ReduceLROnPlateau`` (factor
+   cross-entropy (:class:`~chexnet_utils.model.models.WeightedBCE`), ``ReduceLROnPlateau`` (factor
    0.1). Notebook 03 writes the same training out in its cells and checks, with op
    determinism, that it gives the same weights bit for bit. After every epoch the whole validation split is predicted and its exact per-class
    AUROC computed with scikit-learn; the best epoch by validation mean AUROC is kept.
@@ -44,7 +44,7 @@ The six changes that turn a single-worker Keras script into a Horovod one, and w
 
 1. ``hvd.init()``: :func:`init_world`;
 2. one GPU per process, pinned by local rank (on CPU: a thread budget): :func:`init_world` calls
-   :func:`chexnet_utils.devices.pin_process`;
+   :func:`chexnet_utils.hardware.devices.pin_process`;
 3. learning rate raised with the number of workers (:func:`scaled_learning_rate`: ``linear``
    by default, as Horovod's examples and docs do; ``sqrt`` as an option), reached gradually
    over ``warmup_epochs`` (the ``Warmup`` callback);
@@ -113,13 +113,13 @@ from chexnet_utils.dataparallel import (
     scaled_learning_rate,
     weights_checksum,
 )
-from chexnet_utils.models import (
+from chexnet_utils.input.pipelines import DEFAULT_SHUFFLE_BUFFER
+from chexnet_utils.model.models import (
     ARCHITECTURES,
     CHEXNET_PAPER_MEAN_AUROC,
     mean_auroc,
     per_class_auroc,
 )
-from chexnet_utils.pipelines import DEFAULT_SHUFFLE_BUFFER
 from chexnet_utils.train_callbacks import callback_classes
 from chexnet_utils.train_data import (
     eval_dataset,
@@ -183,14 +183,14 @@ class TrainConfig:
     learning_rate: float = 1e-3
     """Adam's initial learning rate (CheXNet: 1e-3), per worker before ``scale_lr``."""
     pipeline: str = "new"
-    """Training input: ``"new"`` or ``"old"`` (:mod:`chexnet_utils.pipelines`). Validation and
+    """Training input: ``"new"`` or ``"old"`` (:mod:`chexnet_utils.input.pipelines`). Validation and
     test always use the new approach in evaluation mode."""
     seed: int = 0
     """Seeds Python, numpy and TensorFlow (``keras.utils.set_random_seed``), the shuffles and
     the flips. Runs are repeatable in distribution, not bit for bit: the new pipeline lets a
     fast image overtake a slow one (``deterministic=False``). With
     ``tf.config.experimental.enable_op_determinism()`` they are bit for bit (and ``tf.data``
-    is slower: undo it with :func:`chexnet_utils.accelerator.disable_op_determinism`)."""
+    is slower: undo it with :func:`chexnet_utils.model.accelerator.disable_op_determinism`)."""
     resume: bool = False
     """Continue from ``out_dir/checkpoints`` if a checkpoint is there (else start afresh)."""
     steps_per_epoch: int | None = None
@@ -233,7 +233,7 @@ class TrainConfig:
     """``model.fit`` verbosity on rank 0 (2: one line per epoch; 0: silent)."""
     mixed_precision: bool | None = None
     """``mixed_float16`` with a float32 head; ``None``: on with a GPU, off on CPU (or
-    ``CHEXNET_MIXED_PRECISION``). See :mod:`chexnet_utils.accelerator`."""
+    ``CHEXNET_MIXED_PRECISION``). See :mod:`chexnet_utils.model.accelerator`."""
     xla: bool | None = None
     """``jit_compile``; ``None``: on with a GPU (distributed: only with
     ``HOROVOD_ENABLE_XLA_OPS=1``), off on CPU (or ``CHEXNET_XLA``)."""
@@ -338,10 +338,10 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     """
     import keras
 
-    from chexnet_utils.accelerator import build_model, policy_scope, resolve_switches
     from chexnet_utils.data.tfrecords import list_shards
-    from chexnet_utils.models import MeanAUROC, WeightedBCE
-    from chexnet_utils.pipelines import accelerator_device, build_pipeline, to_accelerator
+    from chexnet_utils.input.pipelines import accelerator_device, build_pipeline, to_accelerator
+    from chexnet_utils.model.accelerator import build_model, policy_scope, resolve_switches
+    from chexnet_utils.model.models import MeanAUROC, WeightedBCE
 
     t_start = time.perf_counter()
     cfg = config

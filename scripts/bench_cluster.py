@@ -3,8 +3,8 @@ against ipyparallel's and Open MPI's defaults, side by side in one run (``make b
 
 * **defaults**: the controller pings every 3000 ms (ipyparallel 9.2 ``HeartMonitor.period``),
   and ``stop()`` leaves the engines to ``mpiexec``, which sends SIGCONT, waits 1 s, SIGTERM,
-  waits 1 s, SIGKILL (:data:`chexnet_utils.processes.MPIEXEC_KILL_SEQUENCE`).
-* **project**: :data:`chexnet_utils.distributed.HEARTBEAT_MS` and the engines SIGTERMed first
+  waits 1 s, SIGKILL (:data:`chexnet_utils.platform.processes.MPIEXEC_KILL_SEQUENCE`).
+* **project**: :data:`chexnet_utils.cluster.distributed.HEARTBEAT_MS` and the engines SIGTERMed first
   (``MPICluster._terminate_local_engines``).
 
 The two alternate (A, B, B, A, ...) so that a noisy machine hits both alike; the medians and
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chexnet_utils.distributed import MPICluster
+from chexnet_utils.cluster.distributed import MPICluster
 
 
 class DefaultsCluster(MPICluster):

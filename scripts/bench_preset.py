@@ -24,13 +24,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chexnet_utils import config, results
-from chexnet_utils.processes import command_lifetime, exit_status, interruption
-from chexnet_utils.tutorial import execute_notebook
+from chexnet_utils import config
+from chexnet_utils.notebook import results
+from chexnet_utils.notebook.tutorial import execute_notebook
+from chexnet_utils.platform.processes import command_lifetime, exit_status, interruption
 
 
 def run_notebook(path: Path, env: dict[str, str], out_dir: Path, timeout: int) -> float:
-    """:func:`chexnet_utils.tutorial.execute_notebook` (a fresh kernel, the executed copy in
+    """:func:`chexnet_utils.notebook.tutorial.execute_notebook` (a fresh kernel, the executed copy in
     ``out_dir``) with ``env`` added to the kernel's environment; the wall seconds it took.
     A failed cell stops the benchmark: its figures would not be the notebook's."""
     saved = {k: os.environ.get(k) for k in env}

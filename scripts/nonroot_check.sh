@@ -147,8 +147,8 @@ echo "nonroot-check: the tests took $(( $(date +%s) - start )) s as $learner"
 others_intact "the learner's tests"
 
 # an unauthenticated server beside another account's process: refused, nothing started (#30)
-as "$learner" "$LPY" -c 'from chexnet_utils.exposure import SharedHostError
-from chexnet_utils.tfdata_service import TFDataService
+as "$learner" "$LPY" -c 'from chexnet_utils.platform.exposure import SharedHostError
+from chexnet_utils.input.tfdata_service import TFDataService
 svc = TFDataService(num_workers=1)
 try:
     svc.start()
@@ -161,11 +161,11 @@ else:
   || fail "the tf.data service did not refuse on a shared host"
 
 # the clean-up itself, as the learner and as root: neither touches another account's segments
-as "$learner" "$LPY" -c 'from chexnet_utils.processes import remove_orphan_shm_segments as r
+as "$learner" "$LPY" -c 'from chexnet_utils.platform.processes import remove_orphan_shm_segments as r
 print("nonroot-check: the learner removed its own orphans:", r())' \
   || fail "remove_orphan_shm_segments raised for the learner"
 others_intact "the learner's orphan clean-up"
-"$PY" -c 'from chexnet_utils.processes import orphan_shm_segments as o; import sys, os
+"$PY" -c 'from chexnet_utils.platform.processes import orphan_shm_segments as o; import sys, os
 sys.exit(f"would remove {o()}" if any(os.stat(p).st_uid != 0 for p in o()) else 0)' \
   || fail "root would remove other accounts' segments"
 others_intact "root's orphan clean-up"

@@ -97,7 +97,7 @@ fi
 #    g++, Open MPI, Chromium), installed with apt-get as root, else the exact apt-get line and a
 #    stop. The venv module is needed only when the venv is still to be made.
 #    With them (optional, SETUP_SLURM=0 skips): slurm-wlm and munge for the one-machine Slurm
-#    (chexnet_utils.slurm_local: make slurm, tests/mpi/test_slurm.py, which skip without them).
+#    (chexnet_utils.cluster.slurm_local: make slurm, tests/mpi/test_slurm.py, which skip without them).
 PYTHON="$SYS_PYTHON" SETUP_NEEDS_VENV=$needs_venv SETUP_SLURM=${SETUP_SLURM:-1} \
   bash scripts/system_packages.sh
 MPI_VERSION=$(mpirun --version 2>/dev/null | head -n1 | sed 's/[^0-9.]*\([0-9][0-9.]*\).*/\1/')

@@ -15,8 +15,8 @@ import tensorflow as tf
 
 from chexnet_utils.config import scale
 from chexnet_utils.data.tfrecords import list_shards
-from chexnet_utils.models import WeightedBCE, build_chexnet
-from chexnet_utils.pipelines import new_approach
+from chexnet_utils.input.pipelines import new_approach
+from chexnet_utils.model.models import WeightedBCE, build_chexnet
 from chexnet_utils.training import training_label_sums
 
 S = scale()  # CHEXNET_SCALE: ci (default), workstation, gpu-node

@@ -147,7 +147,18 @@ def rewrite_from_imports(text: str, moves: dict[str, str]) -> str:
         trailing = "" if m.group("group") is not None else re.search(r"\s*$", m.group("line")).group(0)
         return "\n".join(out) + trailing
 
-    return FROM_IMPORT.sub(repl, text)
+    text = FROM_IMPORT.sub(repl, text)
+
+    def inline(m: re.Match[str]) -> str:  # in a string or a docstring: one name
+        name = m.group(1)
+        if name not in moved:
+            return m.group(0)
+        parent, new_name = moved[name].rsplit(".", 1)
+        alias = m.group(2) or (name if new_name != name else None)
+        return f"from {parent} import {new_name}" + (f" as {alias}" if alias else "")
+
+    return re.sub(r"(?<=[^\s])(?<!^)from " + PACKAGE + r" import (\w+)(?: as (\w+))?(?![\w,])",
+                  inline, text, flags=re.M)
 
 
 IMPORT_RUN = re.compile(

@@ -4,7 +4,7 @@ If ``CHEXNET_DATA_DIR`` points at a ChestX-ray14 folder (the real download), it 
 as it is. Otherwise the synthetic stand-in for ``CHEXNET_SCALE`` is generated on first use
 in ``data/synthetic-<scale>/`` (and reused afterwards). Two processes that prepare the same
 folder at once (two notebooks opened together, a notebook and ``make tutorial``) take turns:
-the second waits on a lock on the folder (:func:`~chexnet_utils.atomic.folder_lock`) and
+the second waits on a lock on the folder (:func:`~chexnet_utils.platform.atomic.folder_lock`) and
 then finds it made.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chexnet_utils.atomic import folder_lock
 from chexnet_utils.config import Scale, data_dir, scale, using_real_data, work_dir
 from chexnet_utils.data.nih import NIHDataset
+from chexnet_utils.platform.atomic import folder_lock
 
 SYNTHETIC_SEED = 0
 

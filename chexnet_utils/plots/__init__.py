@@ -1,7 +1,7 @@
 """Figures the notebooks draw, one function per figure, each returning the matplotlib Figure.
 
 Kept here so the notebooks stay short and every figure is drawn the same way in
-``make tutorial`` (saved as PNG with :func:`chexnet_utils.results.save_figure`).
+``make tutorial`` (saved as PNG with :func:`chexnet_utils.notebook.results.save_figure`).
 
 One module per subject (each function returns the matplotlib Figure):
 :mod:`~chexnet_utils.plots.data` (labels, images), :mod:`~chexnet_utils.plots.charts` (bars,

@@ -36,7 +36,7 @@ def timelines(rows: Sequence, title: str = "", xlabel: str = "seconds since the 
               ):  # noqa: ANN201
     """Training-step timelines stacked one above the other, the first on top.
 
-    ``rows`` are :class:`chexnet_utils.benchmark.Timeline` objects (anything with
+    ``rows`` are :class:`chexnet_utils.bench.benchmark.Timeline` objects (anything with
     ``segments()``, ``label`` and ``wait_fraction``): per step a red bar while the accelerator
     waits for its batch and a green bar while it computes. Each row is labelled with its
     ``label`` and the share of the wall time spent waiting, and all rows share one time
@@ -70,7 +70,7 @@ def timelines(rows: Sequence, title: str = "", xlabel: str = "seconds since the 
 def _timeline_bars(ax: Any, timeline: Any, y: float = 0.0, height: float = 0.8) -> Any:
     """Draw one timeline's steps on ``ax`` at height ``y``: red while waiting for data, green
     while computing (``timeline.segments()``, e.g. a
-    :class:`chexnet_utils.benchmark.Timeline`); returns ``ax``."""
+    :class:`chexnet_utils.bench.benchmark.Timeline`); returns ``ax``."""
     seg = timeline.segments()
     ax.broken_barh(seg["wait"], (y, height), color="tab:red", label="waiting for data")
     ax.broken_barh(seg["compute"], (y, height), color="tab:green", label="computing")
@@ -148,7 +148,7 @@ def grouped_bars(data: Mapping[str, Mapping[str, float]], ylabel: str, title: st
 def gpu_utilisation(runs: Mapping[str, Mapping], title: str = "GPU utilisation (NVML)"):  # noqa: ANN201
     """GPU utilisation over time, one panel per pipeline (``old``, ``new``), one line per GPU.
 
-    ``runs`` is :func:`chexnet_utils.gpu_node.utilisation_old_vs_new`'s result: per pipeline
+    ``runs`` is :func:`chexnet_utils.bench.gpu_node.utilisation_old_vs_new`'s result: per pipeline
     ``samples`` (dicts with ``t``, ``gpu``, ``util_percent``), optional ``window`` (the timed
     steps, shaded) and ``summary`` (mean utilisation and idle share, in the panel title).
     """
@@ -236,7 +236,7 @@ def scaling_panels(panels: Mapping[str, Mapping[str, Any]], workers: Sequence[in
                    pipelines: Sequence[str] = ("old", "new"),
                    title: str = "Data-parallel scaling (labels: efficiency)"):  # noqa: ANN201
     """Images/s against workers, one panel per entry of ``panels`` (its title -> a block of
-    :func:`chexnet_utils.scaling.bench_scaling`'s result with ``img_per_s`` and
+    :func:`chexnet_utils.bench.scaling.bench_scaling`'s result with ``img_per_s`` and
     ``efficiency`` per pipeline and worker count as a string), one line per pipeline,
     each point after the first labelled with its scaling efficiency, and the ideal line
     (the last pipeline's 1-worker rate times the workers) dashed."""

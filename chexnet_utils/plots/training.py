@@ -72,12 +72,12 @@ def roc_curves(y_true: np.ndarray, y_score: np.ndarray, names: Sequence[str] = P
     """One small ROC panel per class, with its AUROC (and ``reference[name]``) in the title.
 
     ``y_true`` (multi-hot) and ``y_score`` have shape ``(n_images, len(names))``. Curves
-    from :func:`chexnet_utils.models.roc_curve`; the dotted diagonal is chance. A class
+    from :func:`chexnet_utils.model.models.roc_curve`; the dotted diagonal is chance. A class
     whose column has no positives (or no negatives) gets an empty panel saying so.
     """
     import matplotlib.pyplot as plt
 
-    from chexnet_utils.models import binary_auroc, roc_curve
+    from chexnet_utils.model.models import binary_auroc, roc_curve
 
     t = np.asarray(y_true, dtype=np.float64)
     s = np.asarray(y_score, dtype=np.float64)
@@ -123,7 +123,7 @@ def grad_cam_overlay(image: np.ndarray, heatmaps: Mapping[str, np.ndarray], titl
     ``image`` is ``(H, W)`` or ``(H, W, C)`` in any value range (a normalised model input
     is fine: the first channel is shown, scaled to its own min..max); ``heatmaps`` maps a
     panel title (e.g. ``"Mass (p=0.93)"``) to a ``(H, W)`` map in [0, 1] as
-    :func:`chexnet_utils.explain.grad_cam` returns it.
+    :func:`chexnet_utils.model.explain.grad_cam` returns it.
     """
     import matplotlib.pyplot as plt
 

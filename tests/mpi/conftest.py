@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from chexnet_utils.processes import alive
-from chexnet_utils.slurm import slurm_missing_reason
-from chexnet_utils.slurm_local import LocalSlurm
+from chexnet_utils.cluster.slurm import slurm_missing_reason
+from chexnet_utils.cluster.slurm_local import LocalSlurm
+from chexnet_utils.platform.processes import alive
 
 
 @pytest.fixture(scope="session")

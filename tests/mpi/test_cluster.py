@@ -9,9 +9,9 @@ import cloudpickle
 import psutil
 import pytest
 
-from chexnet_utils.distributed import (ENGINE_HEARTBEAT_MISSES, HEARTBEAT_MS, EngineFailure,
+from chexnet_utils.cluster.distributed import (ENGINE_HEARTBEAT_MISSES, HEARTBEAT_MS, EngineFailure,
                                        MPICluster, rank_info)
-from chexnet_utils.processes import alive
+from chexnet_utils.platform.processes import alive
 from tests.listeners import ss_listeners
 
 pytestmark = pytest.mark.mpi
@@ -117,7 +117,7 @@ def test_timeout_is_an_engine_failure():
 
 def _sleep_after_handshake(folder, seconds):
     """Write ``folder/rank-N`` (the handshake: this rank is at work), then sleep."""
-    from chexnet_utils.distributed import mpi_rank
+    from chexnet_utils.cluster.distributed import mpi_rank
 
     open(os.path.join(folder, f"rank-{mpi_rank()}"), "w").close()
     time.sleep(seconds)
@@ -155,7 +155,7 @@ def _interrupts_on_a_cluster(tmp_path, _thread, threading):  # noqa: ANN001
     with MPICluster(n=2, interrupt_timeout=4) as cluster:
         pids = cluster.pids()
         # a %%px-style task: execute, then the SIGINT that the magic sends
-        ar = cluster.view.execute(f"import os, time\nfrom chexnet_utils.distributed import "
+        ar = cluster.view.execute(f"import os, time\nfrom chexnet_utils.cluster.distributed import "
                                   f"mpi_rank\nopen(os.path.join({str(tmp_path)!r}, "
                                   f"f'rank-{{mpi_rank()}}'), 'w').close()\ntime.sleep(600)",
                                   block=False)

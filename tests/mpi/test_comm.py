@@ -54,7 +54,7 @@ RECORD = textwrap.dedent("""
 
 @pytest.mark.mpi
 def test_timeline_recorded_by_horovod_is_parsed(tmp_path):
-    from chexnet_utils.distributed import mpi_environment, mpirun_command
+    from chexnet_utils.cluster.distributed import mpi_environment, mpirun_command
 
     script = tmp_path / "record.py"
     script.write_text(RECORD)
@@ -88,7 +88,7 @@ def test_timeline_recorded_by_horovod_is_parsed(tmp_path):
 
 @pytest.fixture(scope="module")
 def cluster():
-    from chexnet_utils.distributed import MPICluster
+    from chexnet_utils.cluster.distributed import MPICluster
 
     with MPICluster(n=2, env={"HOROVOD_TIMELINE": "DYNAMIC"}) as c:
         ports = c.run(comm.free_local_port)

@@ -4,7 +4,8 @@ tests/unit/test_devices_mpi.py."""
 
 import pytest
 
-from chexnet_utils import devices, distributed
+from chexnet_utils.cluster import distributed
+from chexnet_utils.hardware import devices
 
 
 def test_failing_mpirun_raises_with_stderr():
@@ -35,8 +36,8 @@ def test_mpi_processes_receive_the_yield_setting():
 def test_report_bindings_shows_open_mpis_default_is_not_unbound():
     """#25 item 4: with no --bind-to, Open MPI 4.1 binds each of 2 processes to a core;
     ``"none"`` leaves them free; oversubscribed, it does not bind."""
-    from chexnet_utils.devices import usable_cores
-    from chexnet_utils.distributed import report_bindings
+    from chexnet_utils.cluster.distributed import report_bindings
+    from chexnet_utils.hardware.devices import usable_cores
 
     default = report_bindings(2)
     assert [line.split(":")[0] for line in default] == ["rank 0", "rank 1"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from chexnet_utils import gpu_node
-from chexnet_utils.steptimer import StepConfig
+from chexnet_utils.bench import gpu_node
+from chexnet_utils.bench.steptimer import StepConfig
 
 
 @pytest.mark.mpi

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from chexnet_utils import horovod_keras as HK
-from chexnet_utils.distributed import (MPICluster, launcher_command, mpi_environment,
+from chexnet_utils.cluster.distributed import (MPICluster, launcher_command, mpi_environment,
                                        mpirun_command)
 
 pytestmark = pytest.mark.mpi
@@ -140,7 +140,7 @@ def _validation_logs(tfr: str, distributed: bool) -> dict:
 
     from chexnet_utils import training as T
     from chexnet_utils.data.tfrecords import list_shards
-    from chexnet_utils.models import WeightedBCE, build_chexnet
+    from chexnet_utils.model.models import WeightedBCE, build_chexnet
     from chexnet_utils.train_callbacks import callback_classes
     from chexnet_utils.train_data import eval_dataset
 
@@ -255,7 +255,7 @@ def _save_everywhere(model, folder):
     ((_keras_variables, _save_on_rank_0), "no attribute 'ref'")],
     ids=["right", "no-broadcast", "no-averaging", "every-rank-writes", "keras-variables"])
 def test_conversion_check_tells_wrong_versions_apart(cluster, capsys, answer, hint):
-    from chexnet_utils import exercises
+    from chexnet_utils.notebook import exercises
 
     ok = exercises.check_horovod_conversion(answer, run=cluster.run)
     out = capsys.readouterr().out
@@ -293,7 +293,7 @@ def _train_all_no_join(step, batches, model):
                                           (_train_all_no_broadcast, "broadcast")],
                          ids=["join-and-broadcast", "join-only"])
 def test_uneven_shards_check(cluster, capsys, answer, hint):
-    from chexnet_utils import exercises
+    from chexnet_utils.notebook import exercises
 
     ok = exercises.check_uneven_shards(answer, run=cluster.run)
     out = capsys.readouterr().out
@@ -306,7 +306,7 @@ def test_uneven_shards_without_join_hang_and_are_reported(capsys):
     (its engines, stuck in an allreduce, are killed), and the verdict names hvd.join."""
     import time
 
-    from chexnet_utils import exercises
+    from chexnet_utils.notebook import exercises
 
     t0 = time.perf_counter()
     assert exercises.check_uneven_shards(_train_all_no_join, timeout=15) is False

@@ -10,7 +10,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from chexnet_utils.distributed import MPICluster
+from chexnet_utils.cluster.distributed import MPICluster
 
 pytestmark = pytest.mark.mpi
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -27,7 +27,7 @@ def _names_of_my_shard(tfr: str) -> list[str]:
     import horovod.tensorflow as hvd
 
     from chexnet_utils.data.tfrecords import list_shards
-    from chexnet_utils.pipelines import new_approach
+    from chexnet_utils.input.pipelines import new_approach
 
     hvd.init()
     ds = new_approach(list_shards(tfr, "train"), 4, 32, training=False,
@@ -69,8 +69,8 @@ def test_two_engines_train_in_lockstep_on_disjoint_shards(cluster, hvd_tfrecords
 def test_emulated_step_waits_for_the_device_and_averages_across_engines(cluster, hvd_tfrecords):
     from dataclasses import asdict
 
-    from chexnet_utils.scaling import throughput_on_engine
-    from chexnet_utils.steptimer import StepConfig
+    from chexnet_utils.bench.scaling import throughput_on_engine
+    from chexnet_utils.bench.steptimer import StepConfig
 
     cfg = asdict(StepConfig(tfrecords=str(hvd_tfrecords), pipeline="new", image_size=32,
                             batch_size=4, warmup_steps=1, steps=4, accelerator_ms=50))
@@ -84,8 +84,8 @@ def test_emulated_step_waits_for_the_device_and_averages_across_engines(cluster,
 
 
 def test_bench_scaling_rejects_bad_arguments(hvd_tfrecords):
+    from chexnet_utils.bench.scaling import bench_scaling
     from chexnet_utils.cli import main
-    from chexnet_utils.scaling import bench_scaling
 
     with pytest.raises(ValueError, match="accelerator_ms"):
         bench_scaling(hvd_tfrecords, workers=[1], accelerator_ms=-1)
@@ -103,7 +103,7 @@ def test_train_cli_runs_unchanged_under_mpirun(hvd_tfrecords, tmp_path):
     launcher is proven once, not each job under both)."""
     import subprocess
 
-    from chexnet_utils.distributed import launcher_command, mpi_environment
+    from chexnet_utils.cluster.distributed import launcher_command, mpi_environment
 
     out = tmp_path / "run"
     argv = ["python", "-m", "chexnet_utils", "train", "--horovod", "--tfrecords", str(hvd_tfrecords),

@@ -5,7 +5,7 @@ are busy (a handshake on something the work produces, never a sleep), and checke
 :mod:`proctree`: after SIGTERM the command exits with 143 within 10 s and leaves nothing;
 after SIGKILL of the command alone its whole tree is gone within 10 s. ``synth`` and
 ``tfrecords`` are then run again and must give the same bytes as an uninterrupted run.
-The pieces of :mod:`chexnet_utils.processes` are tested in tests/unit/test_killed_cleanly.py.
+The pieces of :mod:`chexnet_utils.platform.processes` are tested in tests/unit/test_killed_cleanly.py.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def test_a_killed_or_orphaned_kernel_leaves_no_cluster_behind(tmp_path):
         client.load_connection_file()
         client.start_channels()
         reply = client.execute_interactive(
-            "from chexnet_utils.distributed import MPICluster\n"
+            "from chexnet_utils.cluster.distributed import MPICluster\n"
             "cluster = MPICluster(n=2).start()", timeout=180, output_hook=lambda msg: None,
             user_expressions={"profile": "cluster.cluster.profile_dir"})
         assert reply["content"]["status"] == "ok", reply["content"]
@@ -242,7 +242,7 @@ def test_a_killed_or_orphaned_kernel_leaves_no_cluster_behind(tmp_path):
 
     import psutil
 
-    from chexnet_utils.processes import orphan_shm_segments
+    from chexnet_utils.platform.processes import orphan_shm_segments
 
     started = time.time()
     with LabServer(tmp_path) as lab:

@@ -21,8 +21,8 @@ import time
 import psutil
 import pytest
 
-from chexnet_utils.exposure import private_network_command
-from chexnet_utils.processes import alive
+from chexnet_utils.platform.exposure import private_network_command
+from chexnet_utils.platform.processes import alive
 from tests.listeners import Listener, ss_listeners
 
 pytestmark = pytest.mark.mpi
@@ -34,8 +34,8 @@ OTHER_UID = 4242
 # waits for the test to look from outside before it stops both.
 INSIDE = r"""
 import json, subprocess, sys
-from chexnet_utils.distributed import MPICluster
-from chexnet_utils.tfdata_service import TFDataService
+from chexnet_utils.cluster.distributed import MPICluster
+from chexnet_utils.input.tfdata_service import TFDataService
 from tests.listeners import ss_listeners
 
 with MPICluster(n=1) as cluster, TFDataService(num_workers=1) as svc:
@@ -146,7 +146,7 @@ def test_make_lab_private_serves_jupyterlab_on_a_socket_only_its_user_can_open(t
                            f"VENV={sys.prefix}", "LAB_ARGS=--no-browser"], cwd=repo,
                           capture_output=True, text=True, timeout=60, check=True).stdout
     recipe = plan[plan.index("mkdir -p"):]
-    assert "chexnet_utils.exposure private --" in recipe and "--ServerApp.sock=" in recipe
+    assert "chexnet_utils.platform.exposure private --" in recipe and "--ServerApp.sock=" in recipe
     lab = subprocess.Popen(["bash", "-c", recipe], cwd=repo, start_new_session=True,
                            env={**os.environ, "JUPYTER_TOKEN": token},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -18,8 +18,8 @@ import uuid
 
 import pytest
 
-from chexnet_utils.processes import alive
-from chexnet_utils.remote_engines import RemoteEngines
+from chexnet_utils.cluster.remote_engines import RemoteEngines
+from chexnet_utils.platform.processes import alive
 from chexnet_utils.sniff import PacketCapture
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,

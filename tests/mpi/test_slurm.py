@@ -18,11 +18,11 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from chexnet_utils import slurm_local
-from chexnet_utils.processes import alive, wait_pids_gone
-from chexnet_utils.slurm import slurm_missing_reason
-from chexnet_utils.slurm_access import invoking_user, loopback_bind_address
-from chexnet_utils.slurm_local import LocalSlurm
+from chexnet_utils.cluster import slurm_local
+from chexnet_utils.cluster.slurm import slurm_missing_reason
+from chexnet_utils.cluster.slurm_access import invoking_user, loopback_bind_address
+from chexnet_utils.cluster.slurm_local import LocalSlurm
+from chexnet_utils.platform.processes import alive, wait_pids_gone
 from tests.listeners import ss_listeners
 
 pytestmark = pytest.mark.mpi
@@ -165,7 +165,7 @@ def test_local_slurm_an_error_leaves_running_is_stopped_when_python_exits():
     interpreter's exit (the kernel's shutdown) still stops every daemon."""
     _require_slurm()
     prog = ("import json, sys\n"
-            "from chexnet_utils.slurm_local import LocalSlurm\n"
+            "from chexnet_utils.cluster.slurm_local import LocalSlurm\n"
             "s = LocalSlurm().start()\n"
             "print(json.dumps({'pids': s.processes(), 'state': str(s.state)}), flush=True)\n"
             "raise RuntimeError('a cell failed')\n")
@@ -183,7 +183,7 @@ def test_a_killed_kernel_leaves_no_slurm_daemon(tmp_path):
     lifeline token and its watchdog stops them when the process that started them dies."""
     _require_slurm()
     prog = ("import json, os, signal\n"
-            "from chexnet_utils.slurm_local import LocalSlurm\n"
+            "from chexnet_utils.cluster.slurm_local import LocalSlurm\n"
             f"s = LocalSlurm({str(tmp_path / 'slurm')!r}).start()\n"
             "print(json.dumps(s.processes()), flush=True)\n"
             "os.kill(os.getpid(), signal.SIGKILL)\n")
@@ -199,7 +199,7 @@ def test_make_slurm_up_status_down_by_hand(tmp_path):
     outlive the command) and says who can reach them, ``status`` finds them, ``down`` stops
     every one of them."""
     _require_slurm()
-    cmd = [sys.executable, "-m", "chexnet_utils.slurm_local"]
+    cmd = [sys.executable, "-m", "chexnet_utils.cluster.slurm_local"]
     base = tmp_path
     state, pids = base / "slurm", []
     try:
@@ -255,7 +255,7 @@ def _rank_and_allreduce() -> dict:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from chexnet_utils.distributed import rank_info
+    from chexnet_utils.cluster.distributed import rank_info
 
     info = rank_info()
     return {**info, "sum": float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))}
@@ -263,7 +263,7 @@ def _rank_and_allreduce() -> dict:
 
 def test_engines_as_a_slurm_job_run_horovod_training_and_are_cancelled(local_slurm, tfr,
                                                                        tmp_path, monkeypatch):
-    from chexnet_utils.slurm_engines import SlurmCluster
+    from chexnet_utils.cluster.slurm_engines import SlurmCluster
     from chexnet_utils.training import train_on_engine
 
     monkeypatch.chdir(tmp_path)  # nothing may be written to the current directory
@@ -295,7 +295,7 @@ def test_engines_as_a_slurm_job_run_horovod_training_and_are_cancelled(local_slu
 
 
 def _children(pid: int) -> list[int]:
-    from chexnet_utils.processes import descendants
+    from chexnet_utils.platform.processes import descendants
 
     return descendants(pid)
 
@@ -309,11 +309,11 @@ def test_a_killed_kernel_s_engines_job_is_cancelled(local_slurm, tmp_path):
     local engines carry the lifeline token and are killed; checked by hand.)"""
     import selectors
 
-    from chexnet_utils import slurm as S
-    from chexnet_utils.processes import wait_pids_gone
+    from chexnet_utils.cluster import slurm as S
+    from chexnet_utils.platform.processes import wait_pids_gone
 
     script = ("import json, time\n"
-              "from chexnet_utils.slurm_engines import SlurmCluster\n"
+              "from chexnet_utils.cluster.slurm_engines import SlurmCluster\n"
               f"c = SlurmCluster(n=2, slurm_conf={str(local_slurm.conf_path)!r}, "
               "engine_timeout=120, sbatch_options=['--cpus-per-task=1', '--time=10']).start()\n"
               "print(json.dumps({'job': c.job_id, 'pids': sorted(c.pids())}), flush=True)\n"

@@ -1,4 +1,4 @@
-"""The tf.data service of :mod:`chexnet_utils.tfdata_service`: dispatcher and workers as
+"""The tf.data service of :mod:`chexnet_utils.input.tfdata_service`: dispatcher and workers as
 separate processes, every example exactly once in ``distributed_epoch`` mode (k times in
 ``parallel_epochs``), a clean teardown (no process, no open port), a dead worker seen by the
 trainer in bounded time, and nothing left behind when the parent is SIGKILLed."""
@@ -18,14 +18,14 @@ import psutil
 import pytest
 
 from chexnet_utils.data import tfrecords as T
-from chexnet_utils.processes import alive, pid_alive
-from chexnet_utils.tfdata_service import (
+from chexnet_utils.input.tfdata_service import (
     ServiceStalled,
     TFDataService,
     distribute,
     next_within,
     port_open,
 )
+from chexnet_utils.platform.processes import alive, pid_alive
 
 tf = pytest.importorskip("tensorflow")
 
@@ -126,7 +126,7 @@ def test_next_within_passes_values_and_end_of_data_through():
 
 def test_a_sigkilled_parent_leaves_no_service_process(tmp_path):
     script = ("import json, time\n"
-              "from chexnet_utils.tfdata_service import TFDataService\n"
+              "from chexnet_utils.input.tfdata_service import TFDataService\n"
               "svc = TFDataService(num_workers=1).start()\n"
               "print(json.dumps({'pids': svc.pids, 'ports': svc.ports}), flush=True)\n"
               "time.sleep(600)\n")
@@ -137,7 +137,7 @@ def test_a_sigkilled_parent_leaves_no_service_process(tmp_path):
         children = [psutil.Process(p) for p in info["pids"]]
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
-        from chexnet_utils.processes import wait_gone
+        from chexnet_utils.platform.processes import wait_gone
 
         assert wait_gone(children, 10) == []
         # nobody of theirs listens any more (a port may be reused at once by someone else)

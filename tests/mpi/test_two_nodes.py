@@ -1,6 +1,6 @@
 """Two "nodes" on one machine: network namespaces joined by a veth, Horovod across them.
 
-Builds the namespaces of :mod:`chexnet_utils.netns` (names with a unique prefix per run),
+Builds the namespaces of :mod:`chexnet_utils.cluster.netns` (names with a unique prefix per run),
 runs Horovod ranks on both "nodes" with ``mpirun`` (namespace launch agent) and with
 ``horovodrun --gloo`` (fake ``ssh``), checks with the veth's byte counters that the
 allreduce traffic crossed the link in the amount ring-allreduce implies, and that ``tc``
@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from chexnet_utils.collectives import MIB
-from chexnet_utils.processes import alive
-from chexnet_utils.linkbench import expected_link_bytes, run_probe, tcp_throughput
-from chexnet_utils.netns import (TwoNodes, leftovers, namespaces, new_prefix, root_links,
+from chexnet_utils.cluster.netns import (TwoNodes, leftovers, namespaces, new_prefix, root_links,
                                  two_nodes, unavailable_reason)
+from chexnet_utils.collectives import MIB
+from chexnet_utils.linkbench import expected_link_bytes, run_probe, tcp_throughput
+from chexnet_utils.platform.processes import alive
 
 pytestmark = pytest.mark.mpi
 

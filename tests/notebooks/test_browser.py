@@ -81,7 +81,7 @@ def test_make_lab_is_loopback_with_only_the_project_kernel(monkeypatch, capsys, 
     real_popen = lab_module.subprocess.Popen
 
     def popen(argv, **kwargs):
-        if "chexnet_utils.processes" in argv:  # the command's watchdog: the real thing
+        if "chexnet_utils.platform.processes" in argv:  # the command's watchdog: the real thing
             return real_popen(argv, **kwargs)
         calls.append(argv)
         return FakeServer()
@@ -110,7 +110,7 @@ def test_make_lab_runs_without_its_defaults_where_it_cannot_write_them(monkeypat
     monkeypatch.setattr(lab_module, "install_lab_overrides", read_only)
     monkeypatch.setattr(lab_module, "install_mpi_profile", read_only)
     monkeypatch.setattr(lab_module.subprocess, "Popen", lambda argv, **kw: real_popen(argv, **kw)
-                        if "chexnet_utils.processes" in argv else FakeServer())
+                        if "chexnet_utils.platform.processes" in argv else FakeServer())
     assert main(["--notebook-dir", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "closing a notebook shuts its kernel down: not installed" in err
@@ -135,7 +135,7 @@ def test_the_sidebar_profile_starts_mpi_engines_as_mpicluster_does(tmp_path, mon
     environment, loopback controller, two engines."""
     import ipyparallel as ipp
 
-    from chexnet_utils.distributed import MPICluster
+    from chexnet_utils.cluster.distributed import MPICluster
 
     folder = install_mpi_profile(tmp_path)
     assert folder == tmp_path / f"profile_{MPI_PROFILE}"

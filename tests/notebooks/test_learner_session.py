@@ -57,7 +57,7 @@ CLUSTER_S = 120           # a 2-engine cluster up
 INTERRUPTED_WITHIN_S = 20  # Interrupt -> the %%px cell has ended (the package waits <= 10 s)
 GONE_WITHIN_S = 20        # restart / tab close / STOP -> every process of the cluster gone
 
-CLUSTER_CELL = ("from chexnet_utils.distributed import MPICluster\n\n"
+CLUSTER_CELL = ("from chexnet_utils.cluster.distributed import MPICluster\n\n"
                 "cluster = MPICluster(n=2).start()\n"
                 "print(f\"2 engines up in {cluster.start_seconds:.1f} s; engine pids "
                 "{cluster.engine_pids}\")\n"
@@ -69,7 +69,7 @@ CLUSTER_CELL = ("from chexnet_utils.distributed import MPICluster\n\n"
 # So the cell flushes its line first and keeps running 3 s: the output streams in while the
 # cell is still running, as it does in every real %%px cell that trains.
 HELLO_CELL = ("%%px\nimport os\nimport time\n\n"
-              "from chexnet_utils.distributed import mpi_rank\n\n"
+              "from chexnet_utils.cluster.distributed import mpi_rank\n\n"
               "print(f\"rank {mpi_rank()} says hello from pid {os.getpid()}\", flush=True)\n"
               "time.sleep(3)")
 LONG_CELL = ("%%px\nimport time\n\nprint(f\"rank {mpi_rank()} at work\", flush=True)\n"

@@ -1,7 +1,7 @@
 """The environment report of this machine (imports TensorFlow and Horovod in-process): it has
 what ``make setup`` promises."""
 
-from chexnet_utils import envcheck
+from chexnet_utils.hardware import envcheck
 
 
 def test_report_on_this_machine_has_what_setup_promises():

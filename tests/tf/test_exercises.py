@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chexnet_utils import exercises
+from chexnet_utils.notebook import exercises
 
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
@@ -42,7 +42,7 @@ def _cam(model, image, class_index, relu=True, resize=True):
 
 
 def test_cam_matches_grad_cam_and_the_usual_mistakes_do_not(capsys):
-    from chexnet_utils.models import build_chexnet
+    from chexnet_utils.model.models import build_chexnet
 
     keras.utils.set_random_seed(3)
     model = build_chexnet("small", 64, weights=None)
@@ -157,7 +157,7 @@ def test_serial_decode_times_the_pipeline_beside_itself_on_one_thread(capsys, mo
     pytest.importorskip("tensorflow")
     import tensorflow as tf
 
-    from chexnet_utils import benchmark
+    from chexnet_utils.bench import benchmark
 
     batches = tf.data.Dataset.from_tensors((tf.zeros([4, 8, 8, 3]), tf.zeros([4, 14]))).repeat()
     seen = []
@@ -237,7 +237,7 @@ def test_list_files_fix_right_and_wrong(capsys, shards):
 
 
 def test_cache_placement_right_and_wrong(capsys, shards):
-    from chexnet_utils import pipelines
+    from chexnet_utils.input import pipelines
 
     decode = pipelines.example_fn(16, training=False, seed=None, with_names=False,
                                   antialias=False, batched=False)

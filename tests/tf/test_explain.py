@@ -1,4 +1,4 @@
-"""Grad-CAM (:mod:`chexnet_utils.explain`) on the small model, DenseNet-121 (nested backbone)
+"""Grad-CAM (:mod:`chexnet_utils.model.explain`) on the small model, DenseNet-121 (nested backbone)
 and a flat Sequential model, all at 64 px with random weights (nothing is downloaded)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chexnet_utils.explain import grad_cam, last_conv_layer
-from chexnet_utils.models import build_chexnet
+from chexnet_utils.model.explain import grad_cam, last_conv_layer
+from chexnet_utils.model.models import build_chexnet
 
 keras = pytest.importorskip("keras")
 
@@ -64,7 +64,7 @@ def test_grad_cam_layer_choice_and_errors(image: np.ndarray) -> None:
 
 
 def test_grad_cam_on_a_flat_sequential_model(image: np.ndarray) -> None:
-    from chexnet_utils.benchmark import probe_model
+    from chexnet_utils.bench.benchmark import probe_model
 
     model = probe_model(PX, seed=0)
     name = last_conv_layer(model)
@@ -74,7 +74,7 @@ def test_grad_cam_on_a_flat_sequential_model(image: np.ndarray) -> None:
 
 
 def test_find_layer_by_path_bare_name_or_last() -> None:
-    from chexnet_utils.explain import find_layer, layer_chain
+    from chexnet_utils.model.explain import find_layer, layer_chain
 
     model = build_chexnet("small", PX)
     by_path = find_layer(model, "backbone/block2_relu")

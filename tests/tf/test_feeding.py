@@ -1,7 +1,7 @@
-"""The tf.data toolbox of :mod:`chexnet_utils.feeding`: the ``list_files(shuffle=True)``
+"""The tf.data toolbox of :mod:`chexnet_utils.input.feeding`: the ``list_files(shuffle=True)``
 before ``shard`` trap counted, its fix, cache correctness (same examples every epoch,
 augmentation after the cache), a cache file, Options, the Keras PyDataset, and the emulated
-accelerator's wait fraction of :mod:`chexnet_utils.benchmark`."""
+accelerator's wait fraction of :mod:`chexnet_utils.bench.benchmark`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chexnet_utils import feeding as F
 from chexnet_utils.data import tfrecords as T
+from chexnet_utils.input import feeding as F
 
 tf = pytest.importorskip("tensorflow")
 
@@ -127,7 +127,7 @@ def test_pydataset_decodes_the_same_images(files, workers, mp):
     assert len(pds) == len(NAMES) // 4
     x, y = pds[0]
     assert x.shape == (4, S, S, 3) and y.shape == (4, 14)
-    from chexnet_utils.pipelines import decode_resize, normalize
+    from chexnet_utils.input.pipelines import decode_resize, normalize
 
     blobs = [ex["image_bytes"] for ex in T.read_examples(files[0])]
     # PIL's bilinear shrink low-pass filters first: TF's antialiased resize is its twin
@@ -138,7 +138,7 @@ def test_pydataset_decodes_the_same_images(files, workers, mp):
 
 
 def test_accel_wait_fraction_is_high_for_a_slow_pipeline_and_low_for_a_fast_one():
-    from chexnet_utils.benchmark import accel_wait_fraction
+    from chexnet_utils.bench.benchmark import accel_wait_fraction
 
     def slow(i):
         import time

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from chexnet_utils import accelerator, devices, pipelines
+from chexnet_utils.hardware import devices
+from chexnet_utils.input import pipelines
+from chexnet_utils.model import accelerator
 
 
 class FakeTfConfig:
@@ -70,7 +72,7 @@ def test_switches_default_on_with_a_gpu_and_off_without() -> None:
 
 def test_mixed_precision_model_keeps_a_float32_head_and_scales_the_loss() -> None:
     keras = pytest.importorskip("keras")
-    from chexnet_utils.models import WeightedBCE
+    from chexnet_utils.model.models import WeightedBCE
 
     before = keras.config.dtype_policy().name
     model = accelerator.build_model("small", 32, mixed_precision=True)

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from tests.datasets import synthetic_tfrecords
 
-from chexnet_utils import models as M
 from chexnet_utils import training as T
 from chexnet_utils.cli import main
 from chexnet_utils.data.labels import NUM_CLASSES, PATHOLOGIES
+from chexnet_utils.model import models as M
 from chexnet_utils.train_data import eval_dataset
 
 tf = pytest.importorskip("tensorflow")
@@ -418,7 +418,7 @@ def test_train_is_bit_for_bit_repeatable_with_op_determinism(tfr_dir: Path,
     import tensorflow as tf
     from tensorflow.python.framework import config as tf_config
 
-    from chexnet_utils.accelerator import disable_op_determinism
+    from chexnet_utils.model.accelerator import disable_op_determinism
 
     init = tmp_path / "init.weights.h5"
     keras.utils.set_random_seed(4)

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chexnet_utils import benchmark as B
-from chexnet_utils import pipelines as P
+from chexnet_utils.bench import benchmark as B
 from chexnet_utils.cli import main
 from chexnet_utils.data import tfrecords as T
+from chexnet_utils.input import pipelines as P
 
 tf = pytest.importorskip("tensorflow")
 

@@ -125,7 +125,7 @@ def test_round_trip_through_tf_data(dataset, tmp_path, tf):
 def test_default_conversion_of_synthetic_data_shards_over_workers(tmp_path, capsys, tf):
     # The user story end to end (smaller than 1500 x 256 px, same rule): synth -> tfrecords
     # with defaults -> file-level sharding over 2 workers (as `bench scaling --workers 1,2`).
-    from chexnet_utils import pipelines
+    from chexnet_utils.input import pipelines
 
     data, out = tmp_path / "D", tmp_path / "T"
     assert main(["synth", "--out", str(data), "--n", "120", "--size", "128",

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from chexnet_utils.atomic import write_text_atomic
+from chexnet_utils.platform.atomic import write_text_atomic
 
 
 def test_replaces_whole_file_and_leaves_no_temporary(tmp_path):
@@ -28,7 +28,7 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
 
 
 def test_atomic_path_renames_on_success_and_removes_on_error(tmp_path):
-    from chexnet_utils.atomic import atomic_path
+    from chexnet_utils.platform.atomic import atomic_path
 
     target = tmp_path / "image.png"
     target.write_bytes(b"old")
@@ -52,7 +52,7 @@ def test_atomic_path_renames_on_success_and_removes_on_error(tmp_path):
 def test_atomic_path_flushes_what_the_block_wrote_before_the_rename(tmp_path, monkeypatch):
     """A writer that names its own file (PIL, Keras) gets it fsynced too: after a power cut
     the final name never holds an empty file."""
-    from chexnet_utils import atomic
+    from chexnet_utils.platform import atomic
 
     events = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -67,7 +67,7 @@ def test_atomic_path_flushes_what_the_block_wrote_before_the_rename(tmp_path, mo
 def test_temporary_names_are_new_files_never_an_existing_name_or_link(tmp_path, monkeypatch):
     """``O_EXCL`` under a random name: a file or a symbolic link planted under the name that
     comes up is skipped, never opened, truncated or followed."""
-    from chexnet_utils import atomic
+    from chexnet_utils.platform import atomic
 
     victim = tmp_path / "victim"
     victim.write_text("keep")
@@ -84,7 +84,7 @@ def test_temporary_names_are_new_files_never_an_existing_name_or_link(tmp_path, 
 
 
 def test_write_bytes_atomic(tmp_path):
-    from chexnet_utils.atomic import write_bytes_atomic
+    from chexnet_utils.platform.atomic import write_bytes_atomic
 
     target = tmp_path / "shard.bin"
     write_bytes_atomic(target, b"\x00\x01")
@@ -95,7 +95,7 @@ def test_write_bytes_atomic(tmp_path):
 
 
 def test_fsync_dir_is_best_effort(tmp_path):
-    from chexnet_utils.atomic import fsync_dir
+    from chexnet_utils.platform.atomic import fsync_dir
 
     fsync_dir(tmp_path)
     fsync_dir(tmp_path / "missing")  # no error
@@ -107,7 +107,7 @@ def test_json_writes_are_strict(tmp_path):
 
     import numpy as np
 
-    from chexnet_utils.atomic import json_safe, write_json_atomic
+    from chexnet_utils.platform.atomic import json_safe, write_json_atomic
 
     assert json_safe({"a": np.float32(1.5), "b": math.nan, "c": np.array([1, 2]),
                       "d": np.bool_(True), "e": np.array(2.5), "f": (np.int64(3),)}) == {
@@ -125,7 +125,7 @@ def test_results_record_writes_strict_json(monkeypatch, tmp_path):
 
     import numpy as np
 
-    from chexnet_utils import results
+    from chexnet_utils.notebook import results
 
     monkeypatch.setenv("CHEXNET_WORK_DIR", str(tmp_path))
     results.record("02", {"ratio": math.nan, "rate": np.float64(2.0), "ok": np.bool_(True)})
@@ -147,7 +147,7 @@ def test_folder_lock_makes_a_second_process_wait_and_say_so(tmp_path):
     log = tmp_path / "order.txt"
     script = (
         "import sys, time\n"
-        "from chexnet_utils.atomic import folder_lock\n"
+        "from chexnet_utils.platform.atomic import folder_lock\n"
         "name, hold = sys.argv[1], float(sys.argv[2])\n"
         f"with folder_lock({str(folder)!r}, waiting=name + ' waits'):\n"
         f"    open({str(log)!r}, 'a').write(name + ' in\\n')\n"
@@ -171,10 +171,10 @@ def test_folder_lock_is_released_when_its_holder_is_killed(tmp_path, capsys):
     import subprocess
     import sys
 
-    from chexnet_utils.atomic import folder_lock
+    from chexnet_utils.platform.atomic import folder_lock
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom chexnet_utils.atomic import folder_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom chexnet_utils.platform.atomic import folder_lock\n"
          f"with folder_lock({str(tmp_path)!r}):\n    print('held', flush=True)\n"
          "    time.sleep(600)"], stdout=subprocess.PIPE, text=True)
     try:

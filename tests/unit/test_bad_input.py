@@ -26,12 +26,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chexnet_utils import atomic, checkpoints, config, nbtools, results
+from chexnet_utils import checkpoints, config
 from chexnet_utils.cli import main
 from chexnet_utils.data import tfrecords as T
 from chexnet_utils.data.nih import CSV_NAME, TRAIN_VAL_LIST, DataFormatError, read_data_entry
 from chexnet_utils.data.tfrecords import images
 from chexnet_utils.data.tfrecords.wire import read_records, write_records
+from chexnet_utils.notebook import nbtools, results
+from chexnet_utils.platform import atomic
 from tests.datasets import image_path, make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -435,7 +437,7 @@ def test_makefile_recipes_survive_a_checkout_path_with_a_space(tmp_path):
 
 
 def test_the_netns_agent_quotes_its_paths_and_passes_the_command_as_ssh_does(tmp_path):
-    from chexnet_utils.netns import TwoNodes, agent_script
+    from chexnet_utils.cluster.netns import TwoNodes, agent_script
 
     nodes = TwoNodes("cxtest", ("10.77.0.1", "10.77.0.2"), tmp_path / "a b'c")
     nodes.workdir.mkdir()
@@ -459,7 +461,7 @@ def test_the_netns_agent_quotes_its_paths_and_passes_the_command_as_ssh_does(tmp
 
 
 def test_the_sbatch_template_quotes_mpi_arguments_and_refuses_line_breaks():
-    from chexnet_utils.slurm_engines import SlurmCluster
+    from chexnet_utils.cluster.slurm_engines import SlurmCluster
 
     mpirun = SlurmCluster(n=2, launcher="mpirun", mpi_args=["-x", "NOTE=a b"]).batch_template()
     assert mpirun.splitlines()[-1] == \
@@ -471,8 +473,8 @@ def test_the_sbatch_template_quotes_mpi_arguments_and_refuses_line_breaks():
 
 def test_slurm_state_paths_slurm_conf_cannot_hold_are_refused_before_anything_is_written(
         tmp_path, monkeypatch):
-    from chexnet_utils import slurm_local
-    from chexnet_utils.slurm import SlurmError
+    from chexnet_utils.cluster import slurm_local
+    from chexnet_utils.cluster.slurm import SlurmError
 
     state = tmp_path / "slurm state"
     with pytest.raises(SlurmError) as info:

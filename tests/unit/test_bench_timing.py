@@ -1,5 +1,5 @@
-"""The stopwatch shared by the input-pipeline benchmarks (chexnet_utils.bench_timing) and the
-one engine StepConfig (chexnet_utils.steptimer): pure Python, no TensorFlow."""
+"""The stopwatch shared by the input-pipeline benchmarks (chexnet_utils.bench.bench_timing) and the
+one engine StepConfig (chexnet_utils.bench.steptimer): pure Python, no TensorFlow."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from chexnet_utils.bench_timing import (
+from chexnet_utils.bench.bench_timing import (
     RunMean,
     Window,
     alternating,
@@ -21,7 +21,7 @@ from chexnet_utils.bench_timing import (
     pipeline_run,
     timed_run,
 )
-from chexnet_utils.steptimer import StepConfig
+from chexnet_utils.bench.steptimer import StepConfig
 
 
 class Arr:
@@ -157,7 +157,8 @@ def test_barrier_windows_without_closing_barrier() -> None:
 
 
 def test_available_cores_is_the_one_implementation() -> None:
-    from chexnet_utils import benchmark, devices
+    from chexnet_utils.bench import benchmark
+    from chexnet_utils.hardware import devices
 
     assert benchmark.available_cores is devices.usable_cores  # an alias, not a second copy
     assert devices.usable_cores() == len(devices.usable_cpus()) >= 1

@@ -1,10 +1,10 @@
-"""Tests for chexnet_utils.checks: the shared "must be >= N" argument guard."""
+"""Tests for chexnet_utils.platform.checks: the shared "must be >= N" argument guard."""
 
 from __future__ import annotations
 
 import pytest
 
-from chexnet_utils.checks import require_at_least
+from chexnet_utils.platform.checks import require_at_least
 
 
 def test_values_at_or_above_the_minimum_pass():

@@ -6,7 +6,7 @@ import subprocess
 import psutil
 import pytest
 
-from chexnet_utils.distributed import MPICluster
+from chexnet_utils.cluster.distributed import MPICluster
 
 
 def test_mpiexec_options_are_passed_through():
@@ -21,7 +21,7 @@ def test_mpiexec_options_are_passed_through():
 def test_engines_are_unbound_by_default_as_horovodrun_leaves_them():
     """#25 item 4: the default binding is explicit (horovodrun's -bind-to none); None means
     Open MPI's own default (no --bind-to); a --bind-to in mpi_args (a GPU binding plan) wins."""
-    from chexnet_utils.distributed import HOROVODRUN_BIND_TO, mpirun_option_given
+    from chexnet_utils.cluster.distributed import HOROVODRUN_BIND_TO, mpirun_option_given
 
     assert HOROVODRUN_BIND_TO == "none"
     assert MPICluster(n=2)._mpiexec_args()[:2] == ["--bind-to", "none"]
@@ -34,7 +34,7 @@ def test_engines_are_unbound_by_default_as_horovodrun_leaves_them():
 
 
 def test_curve_is_on_exactly_when_the_controller_leaves_loopback():
-    from chexnet_utils.distributed import MPICluster
+    from chexnet_utils.cluster.distributed import MPICluster
 
     assert MPICluster(n=2).curve is False
     assert MPICluster(n=2, controller_ip="10.77.0.1").curve is True
@@ -45,7 +45,7 @@ def test_make_private_closes_the_folder_and_its_files(tmp_path):
     import os
     import stat
 
-    from chexnet_utils.atomic import make_private
+    from chexnet_utils.platform.atomic import make_private
 
     (tmp_path / "security").mkdir(mode=0o755)
     key = tmp_path / "security" / "ipcontroller-client.json"
@@ -59,7 +59,7 @@ def test_make_private_closes_the_folder_and_its_files(tmp_path):
 
 @pytest.mark.parametrize("ip", ["0.0.0.0", "::", "*", ""])
 def test_controllers_refuse_to_listen_on_every_interface(ip: str) -> None:
-    from chexnet_utils.remote_engines import RemoteEngines
+    from chexnet_utils.cluster.remote_engines import RemoteEngines
 
     with pytest.raises(ValueError, match="every interface"):
         MPICluster(n=1, controller_ip=ip)
@@ -93,7 +93,7 @@ def test_mpicluster_stop_never_signals_a_process_that_reused_a_tracked_pid():
 
 
 def test_remote_engines_signal_only_what_they_captured_on_this_machine(monkeypatch):
-    from chexnet_utils import remote_engines
+    from chexnet_utils.cluster import remote_engines
 
     bystander, handle = _reused_pid_handle()
     try:

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from chexnet_utils import config, results
+from chexnet_utils import config
+from chexnet_utils.notebook import results
 
 
 def test_scale_presets_and_env(monkeypatch):
@@ -89,8 +90,8 @@ def test_every_presets_scaling_warmup_outlasts_the_old_pipelines_stock():
     (``prefetch(batch_size)`` plus the shuffle buffer)."""
     import math
 
+    from chexnet_utils.bench.scaling import SHUFFLE_BUFFER
     from chexnet_utils.config import SCALES
-    from chexnet_utils.scaling import SHUFFLE_BUFFER
 
     for s in SCALES.values():
         stock = s.scaling_batch_size + math.ceil(SHUFFLE_BUFFER / s.scaling_batch_size)

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from chexnet_utils import devices, distributed
+from chexnet_utils.cluster import distributed
+from chexnet_utils.hardware import devices
 
 
 def test_thread_budget():

@@ -1,4 +1,4 @@
-"""The bounded interrupt of engine tasks (chexnet_utils.engine_interrupts), with a fake
+"""The bounded interrupt of engine tasks (chexnet_utils.cluster.engine_interrupts), with a fake
 client; the real engines are in tests/mpi/test_cluster.py and the browser session test."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from chexnet_utils.engine_interrupts import (is_sigint, pending_tasks, settle_on_sigint,
+from chexnet_utils.cluster.engine_interrupts import (is_sigint, pending_tasks, settle_on_sigint,
                                              wait_for_tasks)
 
 

@@ -3,7 +3,7 @@ report of this machine is in tests/tf/test_envcheck.py."""
 
 import pytest
 
-from chexnet_utils import envcheck
+from chexnet_utils.hardware import envcheck
 
 
 def test_missing_capability_is_loud():

@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 from tests.datasets import synthetic_tfrecords
 
-from chexnet_utils import benchmark, comm, devices, exercises
+from chexnet_utils import comm
+from chexnet_utils.bench import benchmark
 from chexnet_utils.data import synthetic
 from chexnet_utils.data import tfrecords as T
+from chexnet_utils.hardware import devices
+from chexnet_utils.notebook import exercises
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("0*.ipynb"))
 SHARD_SIZE = 5

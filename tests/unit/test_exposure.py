@@ -7,8 +7,8 @@ import subprocess
 import psutil
 import pytest
 
-from chexnet_utils import exposure
-from chexnet_utils.exposure import SharedHostError, require_private_network
+from chexnet_utils.platform import exposure
+from chexnet_utils.platform.exposure import SharedHostError, require_private_network
 
 OTHER_UID = 4242  # a person's uid (>= UID_MIN) that no account here has
 
@@ -78,7 +78,7 @@ def other_account_process():
 
 
 def test_tf_data_service_refuses_before_starting_anything(other_account_process, monkeypatch):
-    from chexnet_utils.tfdata_service import TFDataService
+    from chexnet_utils.input.tfdata_service import TFDataService
 
     monkeypatch.delenv(exposure.ALLOW_ENV, raising=False)
     assert OTHER_UID in exposure.other_accounts_running()
@@ -91,7 +91,7 @@ def test_tf_data_service_refuses_before_starting_anything(other_account_process,
 
 
 def test_mwms_server_refuses_before_tensorflow_starts_it(other_account_process, monkeypatch):
-    from chexnet_utils import steptimer
+    from chexnet_utils.bench import steptimer
 
     monkeypatch.delenv(exposure.ALLOW_ENV, raising=False)
     monkeypatch.delenv("TF_CONFIG", raising=False)
@@ -127,7 +127,7 @@ def test_the_private_network_command_needs_root_only_for_nothing(monkeypatch):
     monkeypatch.setattr(exposure.os, "geteuid", lambda: 1000)
     cmd = exposure.private_network_command(["make", "lab"])
     assert cmd[:5] == ["/usr/bin/unshare", "--user", "--map-root-user", "--net", "--"]
-    assert cmd[6:] == ["-m", "chexnet_utils.exposure", "inside", "--", "make", "lab"]
+    assert cmd[6:] == ["-m", "chexnet_utils.platform.exposure", "inside", "--", "make", "lab"]
     monkeypatch.setattr(exposure.os, "geteuid", lambda: 0)
     assert exposure.private_network_command(["true"])[:3] == ["/usr/bin/unshare", "--net", "--"]
 
@@ -144,4 +144,4 @@ def test_without_user_namespaces_the_private_command_says_why_in_one_line(monkey
                           "Operation not permitted: this host does not let your account make "
                           "one (unprivileged user namespaces off") and err.count("\n") == 1
     assert exposure.main(["private", "make"]) == 2
-    assert "usage: python -m chexnet_utils.exposure private -- COMMAND" in capsys.readouterr().err
+    assert "usage: python -m chexnet_utils.platform.exposure private -- COMMAND" in capsys.readouterr().err

@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from chexnet_utils import accelerator, devices, gpu_monitor, gpu_node, gpu_topology
+from chexnet_utils.bench import gpu_node
+from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.cli import main
-from chexnet_utils.steptimer import StepConfig
+from chexnet_utils.hardware import devices, gpu_monitor, gpu_topology
+from chexnet_utils.model import accelerator
 
 # --------------------------------------------------------------------------------------------
 # fixtures: illustrative driver output (written for these tests, not captured from a machine)
@@ -358,7 +360,7 @@ def test_read_topology_runs_nvidia_smi() -> None:
 
 def test_bind_this_process_in_a_child() -> None:
     core = min(os.sched_getaffinity(0))
-    code = ("from chexnet_utils.gpu_topology import bind_this_process; "
+    code = ("from chexnet_utils.hardware.gpu_topology import bind_this_process; "
             f"print(bind_this_process([{core}, 100000]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
@@ -496,7 +498,7 @@ def test_cli_gpu_node_with_fake_gpus(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     run, calls = fake_run()
     monkeypatch.setattr(devices, "visible_gpus", lambda env=None, physical=None: fake_gpus(4))
     monkeypatch.setattr(gpu_node, "cluster_runner", lambda *a, **k: run)
-    monkeypatch.setattr("chexnet_utils.gpu_topology.read_topology", lambda run=None: None)
+    monkeypatch.setattr("chexnet_utils.hardware.gpu_topology.read_topology", lambda run=None: None)
     out = tmp_path / "r.json"
     rc = main(["bench", "gpu-node", "--gpus", "1,2,4", "--json", str(out), "--tfrecords",
                str(tmp_path), "--steps", "5", "--xla", "off"])

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from chexnet_utils import devices, gpu_monitor
+from chexnet_utils.hardware import devices, gpu_monitor
 
 
 class _Nvml:

@@ -5,7 +5,7 @@ import pytest
 
 
 def test_efficiency_formula():
-    from chexnet_utils.scaling import efficiency
+    from chexnet_utils.bench.scaling import efficiency
 
     assert efficiency({1: 100.0, 2: 180.0, 4: 200.0}) == {1: 1.0, 2: 0.9, 4: 0.5}
     with pytest.raises(ValueError):
@@ -22,8 +22,8 @@ def test_bench_scaling_cli_wiring_with_a_fake_cluster(monkeypatch, tmp_path):
     """
     import json
 
-    from chexnet_utils import distributed
     from chexnet_utils.cli import main
+    from chexnet_utils.cluster import distributed
 
     clusters: list[dict] = []
 

@@ -177,7 +177,7 @@ def _width_fields(node: ast.AST) -> list[ast.FormattedValue]:
 def hand_built_tables(src: str) -> list[str]:
     """``print`` calls that lay out a table by hand: a literal padded to a width (a header
     row, ``{'ms':>8}``, or a blank column, ``{'':<21}``), or, in a loop, a row of three or
-    more fields with widths. Use :func:`chexnet_utils.tables.table` instead."""
+    more fields with widths. Use :func:`chexnet_utils.notebook.tables.table` instead."""
     tree = _tree(src)
     in_loop = {id(n) for loop in ast.walk(tree) if isinstance(loop, (ast.For, ast.While))
                for stmt in loop.body for n in ast.walk(stmt)}
@@ -259,7 +259,7 @@ def test_notebook_settings_come_from_config_and_results_are_numbered(nb: Path):
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_tables_use_the_one_helper(nb: Path):
     by_hand = [(i, t) for i, src in _code_cells(nb) for t in hand_built_tables(src)]
-    assert by_hand == [], ("show tables with chexnet_utils.tables.table(rows) (or, where nbval "
+    assert by_hand == [], ("show tables with chexnet_utils.notebook.tables.table(rows) (or, where nbval "
                            "checks the text, print(markdown_table(rows))), not print + widths")
 
 

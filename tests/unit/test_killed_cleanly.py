@@ -1,5 +1,5 @@
 """Killed at any moment, nothing keeps running (issue 18): the pieces of
-:mod:`chexnet_utils.processes` (process-table queries, ``Terminated``, the command lifetime and
+:mod:`chexnet_utils.platform.processes` (process-table queries, ``Terminated``, the command lifetime and
 its watchdog, worker start-up), each on a small Python child that says when it is ready. Every
 command killed for real is in tests/mpi/test_killed_cleanly.py.
 """
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from chexnet_utils import processes as P
+from chexnet_utils.platform import processes as P
 from tests.proctree import ProcessTree
 
 
@@ -81,7 +81,7 @@ def test_second_sigterm_during_cleanup_is_noted_and_nothing_leaks_out():
 
 
 def test_worker_whose_parent_is_already_gone_exits():
-    code = "from chexnet_utils.processes import worker_init; worker_init(parent=1); print('ran')"
+    code = "from chexnet_utils.platform.processes import worker_init; worker_init(parent=1); print('ran')"
     if os.getppid() == 1:
         pytest.skip("this test process is itself a child of pid 1")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -91,7 +91,7 @@ def test_worker_whose_parent_is_already_gone_exits():
 def test_worker_init_restores_sigterm_and_sets_parent_death_signal():
     code = ("import signal, sys\n"
             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "from chexnet_utils.processes import worker_init\n"
+            "from chexnet_utils.platform.processes import worker_init\n"
             "worker_init()\n"
             "import ctypes; v = ctypes.c_int(); libc = ctypes.CDLL(None)\n"
             "libc.prctl(2, ctypes.byref(v), 0, 0, 0)\n"  # PR_GET_PDEATHSIG
@@ -105,7 +105,7 @@ def test_watchdog_stops_the_tree_of_a_killed_parent(tmp_path):
     """The watchdog alone (no pool, no parent-death signal): a parent inside a lifetime
     starts a grandchild that ignores SIGTERM, then is SIGKILLed."""
     code = ("import subprocess, sys, time\n"
-            "from chexnet_utils.processes import command_lifetime\n"
+            "from chexnet_utils.platform.processes import command_lifetime\n"
             "with command_lifetime():\n"
             "    c = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
             "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'])\n"
@@ -137,7 +137,7 @@ def test_a_command_that_cannot_finish_its_cleanup_still_exits_after_the_grace_pe
 
     code = (
         "import threading, time, sys\n"
-        "from chexnet_utils import processes as P\n"
+        "from chexnet_utils.platform import processes as P\n"
         "P.TERM_GRACE_S = 0.5\n"
         "with P.command_lifetime(watchdog=False):\n"
         "    threading.Thread(target=time.sleep, args=(600,)).start()  # never joins in time\n"
@@ -165,7 +165,7 @@ def test_wait_pids_gone_returns_the_survivors_and_counts_exited_children_as_gone
     import subprocess
     import sys
 
-    from chexnet_utils.processes import wait_pids_gone
+    from chexnet_utils.platform.processes import wait_pids_gone
 
     quick = subprocess.Popen([sys.executable, "-c", "pass"])
     slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -221,7 +221,7 @@ def test_watchdog_runs_its_on_death_commands_only_when_the_parent_dies(tmp_path,
     (folder / "security" / "client.json").write_text("{}")
     command = f"import pathlib; pathlib.Path({str(flag)!r}).write_text('ran')"
     code = ("import sys, time\n"
-            "from chexnet_utils import processes as P\n"
+            "from chexnet_utils.platform import processes as P\n"
             "w = P.start_watchdog(P.os.getpid(), 'tok-x')\n"
             f"assert P.watchdog_on_death(w, [sys.executable, '-c', {command!r}])\n"
             f"assert P.watchdog_remove_on_death(w, {str(folder)!r})\n"
@@ -267,7 +267,7 @@ def test_a_killed_pytest_session_leaves_nothing_it_started(tmp_path):
 
     import psutil
 
-    from chexnet_utils.processes import wait_pids_gone
+    from chexnet_utils.platform.processes import wait_pids_gone
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     (tmp_path / "test_sleeper.py").write_text(
@@ -299,7 +299,7 @@ def test_a_killed_pytest_session_leaves_nothing_it_started(tmp_path):
         assert child is not None, "the test session did not start its child"
         assert P.pid_alive(child)
         watchdogs = [p.pid for p in psutil.process_iter(["cmdline"])
-                     if (p.info["cmdline"] or [])[1:4] == ["-m", "chexnet_utils.processes",
+                     if (p.info["cmdline"] or [])[1:4] == ["-m", "chexnet_utils.platform.processes",
                                                            str(session.pid)]]
         assert len(watchdogs) == 1, "the session has no watchdog"
         session.kill()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from chexnet_utils import cli, linkbench, netns
+from chexnet_utils import cli, linkbench
+from chexnet_utils.cluster import netns
 
 
 def test_expected_link_bytes_ring_and_hierarchical() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chexnet_utils import feeding
+from chexnet_utils.input import feeding
 
 
 def test_sleeping_step_sleeps_the_given_seconds_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:

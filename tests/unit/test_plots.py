@@ -34,7 +34,7 @@ def test_figures_draw(tmp_path):
 
 
 def test_pipeline_figures_draw(tmp_path):
-    from chexnet_utils.benchmark import Timeline
+    from chexnet_utils.bench.benchmark import Timeline
 
     seq = Timeline([0.0, 0.3], [0.2, 0.5], [0.3, 0.6], label="sequential")
     pipe = Timeline([0.0, 0.1], [0.0, 0.1], [0.1, 0.2], label="pipelined")
@@ -75,7 +75,7 @@ def test_training_figures_draw(tmp_path):
     y = (rng.random((50, len(PATHOLOGIES))) < 0.3).astype(float)
     y[:, -1] = 0.0  # Hernia: no positives
     s = rng.random(y.shape) + 0.5 * y
-    from chexnet_utils.models import CHEXNET_PAPER_AUROC
+    from chexnet_utils.model.models import CHEXNET_PAPER_AUROC
 
     roc = plots.roc_curves(y, s, reference=CHEXNET_PAPER_AUROC)
     titles = [ax.get_title() for ax in roc.axes]

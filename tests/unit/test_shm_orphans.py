@@ -5,7 +5,7 @@ import mmap
 import os
 import time
 
-from chexnet_utils.processes import orphan_shm_segments, remove_orphan_shm_segments
+from chexnet_utils.platform.processes import orphan_shm_segments, remove_orphan_shm_segments
 
 
 def test_only_unheld_recent_segments_are_orphans(tmp_path):

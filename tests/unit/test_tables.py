@@ -2,7 +2,7 @@
 
 import pytest
 
-from chexnet_utils.tables import markdown_table, table
+from chexnet_utils.notebook.tables import markdown_table, table
 
 
 def test_mapping_rows_numbers_right_aligned_and_formatted():

@@ -678,7 +678,7 @@ def test_two_processes_preparing_the_same_tfrecords_take_turns(tmp_path):
     results. Made deterministic by holding the data folder's lock first."""
     import time
 
-    from chexnet_utils.atomic import folder_lock
+    from chexnet_utils.platform.atomic import folder_lock
 
     data = tmp_path / "synthetic-locktest"
     data.mkdir()

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from chexnet_utils.atomic import atomic_path
-from chexnet_utils.checks import require_at_least
 from chexnet_utils.data.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES, parse_finding_labels
 from chexnet_utils.data.synthetic.anatomy import Canvas, Shot, draw_anatomy, draw_shot, render_base
 from chexnet_utils.data.synthetic.findings import POST_ORDER, POST_SIGNS, PRE_SIGNS
+from chexnet_utils.platform.atomic import atomic_path
+from chexnet_utils.platform.checks import require_at_least
 
 _RENDER_MAX = 512
 """Images larger than this are rendered at this side and upscaled (X-rays are smooth)."""
@@ -125,7 +125,7 @@ def encode_png(img: np.ndarray, path: Path | str, compress_level: int = 3) -> in
 
     The data go to a temporary name next to ``path`` (which the ``*.png`` globs of
     :func:`nih.find_images` do not match) and are moved into place with ``os.replace``
-    (:func:`~chexnet_utils.atomic.atomic_path`), so an interrupted run never leaves a
+    (:func:`~chexnet_utils.platform.atomic.atomic_path`), so an interrupted run never leaves a
     truncated PNG behind.
     """
     img = np.asarray(img)

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from chexnet_utils.atomic import atomic_path, write_text_atomic
-from chexnet_utils.checks import require_at_least
 from chexnet_utils.data import nih
 from chexnet_utils.data.synthetic.patients import rng_stream, sample_records, split_by_patient
 from chexnet_utils.data.synthetic.render import encode_png, render_image
-from chexnet_utils.devices import usable_cores
-from chexnet_utils.processes import worker_init
+from chexnet_utils.hardware.devices import usable_cores
+from chexnet_utils.platform.atomic import atomic_path, write_text_atomic
+from chexnet_utils.platform.checks import require_at_least
+from chexnet_utils.platform.processes import worker_init
 
 GENERATOR_VERSION = 1
 """Bumped whenever the output for a given (n, size, seed) changes."""
@@ -136,7 +136,7 @@ def generate_dataset(
 
     The layout is NIH's (see the module docstring); :meth:`nih.NIHDataset.load` reads it.
     Images are rendered by ``workers`` processes (default: the cores this process may use,
-    :func:`~chexnet_utils.devices.usable_cores`; 1 renders in this process) with a tqdm
+    :func:`~chexnet_utils.hardware.devices.usable_cores`; 1 renders in this process) with a tqdm
     progress bar; the output is byte-identical whatever ``workers``.
 
     ``out_dir`` may be missing, empty (hidden files such as ``.gitkeep`` do not count), or a

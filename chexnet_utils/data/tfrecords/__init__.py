@@ -60,7 +60,7 @@ Decisions worth knowing
   :data:`SHARD_MULTIPLE` (8), with at least 8 shards for every split of 8 or more images and
   one shard per image for a smaller split (:func:`planned_shard_count`); the images are spread
   evenly (shard sizes differ by at most one image). Why: file-level sharding
-  (:func:`chexnet_utils.pipelines.new_approach`) needs at least one file per worker, and gives
+  (:func:`chexnet_utils.input.pipelines.new_approach`) needs at least one file per worker, and gives
   every worker the same amount of data only when the worker count divides the shard count, so
   every split works over 1, 2, 4 and 8 workers out of the box, whatever its size, and the
   plan never depends on the worker count. Rounding up only makes shards smaller, so ``M`` stays

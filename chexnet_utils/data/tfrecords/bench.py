@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chexnet_utils.data.tfrecords.convert import convert_dataset
-from chexnet_utils.devices import usable_cores
+from chexnet_utils.hardware.devices import usable_cores
 
 __all__ = ["bench_conversion", "decode_ms", "format_bench_conversion"]
 

@@ -24,13 +24,6 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from chexnet_utils.atomic import (
-    atomic_path,
-    fsync_dir,
-    require_writable_dir,
-    write_json_atomic,
-    write_text_atomic,
-)
 from chexnet_utils.data.labels import NUM_CLASSES, PATHOLOGIES
 from chexnet_utils.data.nih import NIHDataset
 from chexnet_utils.data.tfrecords.images import (
@@ -64,8 +57,15 @@ from chexnet_utils.data.tfrecords.verify import (
     names_sha256,
 )
 from chexnet_utils.data.tfrecords.wire import CRC32C_IMPLEMENTATION, frame_record, make_example
-from chexnet_utils.devices import usable_cores
-from chexnet_utils.processes import worker_init
+from chexnet_utils.hardware.devices import usable_cores
+from chexnet_utils.platform.atomic import (
+    atomic_path,
+    fsync_dir,
+    require_writable_dir,
+    write_json_atomic,
+    write_text_atomic,
+)
+from chexnet_utils.platform.processes import worker_init
 
 __all__ = ["ConversionResult", "convert_dataset"]
 
@@ -116,7 +116,7 @@ _PROGRESS: Any = None  # multiprocessing queue in worker processes, set by _init
 
 def _init_worker(queue: Any, parent: int | None = None) -> None:
     global _PROGRESS
-    worker_init(parent)  # default SIGTERM, and die with the parent (chexnet_utils.processes)
+    worker_init(parent)  # default SIGTERM, and die with the parent (chexnet_utils.platform.processes)
     limit_decoding()     # no decompression bombs: huge images are errors, not warnings
     _PROGRESS = queue
 

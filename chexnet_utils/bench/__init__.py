@@ -1,0 +1,23 @@
+"""The bench wing: the measurements, each timed side by side in one run.
+
+- :mod:`~chexnet_utils.bench.bench_timing`: the stopwatch under every measurement: pull, wait,
+  count, alternate; the engines' barrier-to-barrier clock;
+- :mod:`~chexnet_utils.bench.bench_pipeline`: how fast an input pipeline delivers, and its
+  ceiling (images/s);
+- :mod:`~chexnet_utils.bench.bench_training`: how much of a training step waits for data (the
+  idle fraction);
+- :mod:`~chexnet_utils.bench.bench_timeline`: when the accelerator waits: per-step timelines of
+  waiting vs computing;
+- :mod:`~chexnet_utils.bench.benchmark`: the notebooks' one name for the input measurements
+  above (notebook 02);
+- :mod:`~chexnet_utils.bench.steptimer`: timed data-parallel training steps on MPI workers:
+  Horovod or MultiWorkerMirroredStrategy;
+- :mod:`~chexnet_utils.bench.scaling`: images/s on 1..N Horovod workers and the scaling
+  efficiency (notebook 04, ``bench scaling``);
+- :mod:`~chexnet_utils.bench.gpu_node`: the GPU-node report: CheXNet images/s on 1..N GPUs
+  (``bench gpu-node``; needs GPUs).
+
+Importing the wing imports none of them (and no TensorFlow):
+``from chexnet_utils.bench import bench_timing``
+loads what it names.
+"""

@@ -1,0 +1,255 @@
+"""Images/s on 1..N Horovod workers and the scaling efficiency, as the articles measured it.
+
+The Dell articles report CheXNet training throughput on 1, 2, 3, 4 and 8 V100 GPUs: with the
+"old" input pipeline the curve is flat (more GPUs, same images/s), with the "new" one it is
+nearly linear. :func:`bench_scaling` measures the same curve on ipyparallel MPI engines:
+for each worker count it starts a cluster (one engine per worker, bound to its own core by
+default, so "1 worker" means one core's worth of compute), runs the same timed training
+steps with each pipeline, and stops the cluster.
+
+``efficiency(N) = rate(N) / (N * rate(1))``: 1.0 is perfect linear scaling.
+
+Two kinds of worker are measured:
+
+* **CPU model** (default): the model really trains on the worker's core, which it shares with
+  that worker's input pipeline. Decoding then costs about as much as the model step, so the
+  old pipeline's waste shows as a *lower* efficiency, not a flat line.
+* **Emulated accelerator** (``accelerator_ms``): the step is a wait of ``accelerator_ms``
+  (a device computing while the CPU is free, as in notebook 02) followed by a real Horovod
+  average of gradient-sized tensors. The core only feeds the "device", which is the
+  articles' situation (V100s fed by the CPUs): with the old pipeline every worker decodes
+  every image, so the job's images/s stay flat (efficiency ~1/N); with the new one they
+  grow with N.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chexnet_utils.bench.bench_timing import barrier_windows
+from chexnet_utils.bench.steptimer import StepConfig
+from chexnet_utils.collectives import barrier
+
+if TYPE_CHECKING:
+    from chexnet_utils.cluster.distributed import MPICluster
+
+
+SHUFFLE_BUFFER = 32
+"""Record shuffle buffer of both pipelines when the :class:`StepConfig` leaves it ``None``.
+Small on purpose: the old approach shuffles *decoded* images, and a large buffer would let it
+start the timed window with hundreds of images decoded in advance, which is stock, not
+throughput. (Likewise :func:`bench_scaling`'s 20 warm-up steps: long enough that a pipeline
+slower than the step has used up the decoded images it buffered before the clock starts; the
+old approach's ``prefetch(batch_size)`` holds ``batch_size`` whole batches.)"""
+
+
+def prepare_data_parallel_model(model: Any, jit_compile: bool = False) -> None:
+    """Compile ``model`` the way the scaling benchmarks time it (Adam 1e-3, weighted BCE
+    with flat weights), average its gradients with Horovod and broadcast rank 0's initial
+    state, as :func:`chexnet_utils.training.train` does with ``distributed=True``."""
+    import keras
+    import numpy as np
+
+    from chexnet_utils.data.labels import NUM_CLASSES
+    from chexnet_utils.dataparallel import broadcast_initial_state, gradient_averager
+    from chexnet_utils.model.models import WeightedBCE
+
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=WeightedBCE(np.full(NUM_CLASSES, 0.5), np.full(NUM_CLASSES, 0.5)),
+                  jit_compile=jit_compile)
+    model.gradient_reducer = gradient_averager(True)
+    model.optimizer.build(model.trainable_variables)
+    broadcast_initial_state(model, True)
+
+
+def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
+    """Run on every Horovod worker: ``steps`` timed data-parallel training steps, fed by
+    ``cfg.pipeline`` over ``cfg.tfrecords`` (see :class:`~chexnet_utils.bench.steptimer.StepConfig`).
+
+    Builds the model, averages gradients with Horovod and broadcasts rank 0's initial
+    state, exactly as :func:`chexnet_utils.training.train` does with ``distributed=True``,
+    but without validation or checkpoints so that only the training step is timed. The
+    clock starts and stops at a barrier (an allreduce), so every worker reports the same
+    interval. Returns this worker's rank, the world size and the images/s of the whole job.
+    """
+    import keras
+
+    from chexnet_utils.data.tfrecords import list_shards
+    from chexnet_utils.dataparallel import init_world
+    from chexnet_utils.input.pipelines import build_pipeline
+    from chexnet_utils.model.models import build_chexnet
+
+    c = StepConfig.of(cfg)
+    rank, size = init_world(True)
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(c.seed)
+    model = build_chexnet(c.arch, c.image_size)
+    prepare_data_parallel_model(model)
+    ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,
+                        c.image_size, training=True, num_workers=size, worker_index=rank,
+                        seed=c.seed, shuffle_buffer=SHUFFLE_BUFFER if c.shuffle_buffer is None
+                        else c.shuffle_buffer)
+    it = iter(ds)
+
+    batches = 0
+    averaged: list[Any] = []
+    if c.accelerator_ms > 0:
+        # gradient-sized tensors holding this worker's rank: their average (size - 1) / 2
+        # shows the allreduce really ran across all workers
+        fake_grads = [tf.fill(tf.shape(v), float(rank)) for v in model.trainable_variables]
+
+        def step() -> None:
+            nonlocal batches, averaged
+            next(it)  # the batch the device would train on
+            batches += 1
+            time.sleep(c.accelerator_ms / 1000.0)  # the device computes; the CPU is free
+            averaged = hvd.grouped_allreduce(fake_grads, op=hvd.Average, name="emulated_grads")
+    else:
+        def step() -> None:
+            nonlocal batches
+            x, y = next(it)
+            batches += 1
+            model.train_on_batch(x, y)
+
+    seconds = barrier_windows(step, lambda: barrier(hvd, "bench_barrier"), c.steps,
+                              warmup_steps=c.warmup_steps)[0].seconds
+    images = c.steps * c.batch_size * size
+    out = {"rank": rank, "size": size, "seconds": seconds, "img_per_s": images / seconds,
+           "pipeline": c.pipeline, "accelerator_ms": c.accelerator_ms, "batches": batches}
+    if averaged:
+        out["emulated_average"] = float(tf.reshape(averaged[0], [-1])[0].numpy())
+    return out
+
+
+ENV_PREFIXES = ("OMPI_MCA_", "HOROVOD_", "OMP_", "TF_NUM_")
+"""Engine variables that change what a scaling run measures (recorded with the result)."""
+
+
+def effective_engine_env(cluster: MPICluster) -> dict[str, str]:
+    """The settings ``cluster``'s engines really run with (this process's environment plus
+    :meth:`~chexnet_utils.cluster.distributed.MPICluster.env_overrides`: thread budget, MPI yielding
+    and the caller's ``env``), restricted to :data:`ENV_PREFIXES`. Recorded with every
+    :func:`bench_scaling` result, so two results that differ in e.g. MPI spinning say so."""
+    import os
+
+    merged = {**os.environ, **cluster.env_overrides()}
+    return {k: v for k, v in sorted(merged.items()) if k.startswith(ENV_PREFIXES)}
+
+
+def efficiency(rates: dict[int, float]) -> dict[int, float]:
+    """``rate(N) / (N * rate(1))`` for every N in ``rates`` (needs N = 1)."""
+    if 1 not in rates:
+        raise ValueError("efficiency needs the 1-worker rate")
+    return {n: r / (n * rates[1]) for n, r in rates.items()}
+
+
+def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
+                  pipelines: Sequence[str] = ("old", "new"), arch: str = "small",
+                  image_size: int = 128, batch_size: int = 16, steps: int = 10,
+                  warmup_steps: int = 20, repeats: int = 1, bind_to: str | None = "core",
+                  map_by: str | None = None, env: Mapping[str, str] | None = None,
+                  accelerator_ms: float | None = None,
+                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Images/s per worker count and pipeline, and the scaling efficiency.
+
+    For each worker count N a fresh :class:`~chexnet_utils.cluster.distributed.MPICluster` of N
+    engines is started (``bind_to="core"``: one core per worker, one thread each), every
+    pipeline is timed ``repeats`` times in alternating order, and the cluster is stopped.
+    ``env`` adds engine environment variables (e.g. ``OMPI_MCA_mpi_yield_when_idle`` or
+    ``HOROVOD_CYCLE_TIME``). With ``accelerator_ms`` every pipeline is also timed with an
+    emulated accelerator (see the module docstring) on the same cluster.
+
+    Returns ``{"img_per_s": {pipeline: {N: mean}}, "efficiency": {pipeline: {N: eff}}, ...}``
+    for the CPU model, the same under ``"emulated"`` when ``accelerator_ms`` is given, every
+    run, and the cluster start/stop times.
+    """
+    from chexnet_utils.cluster.distributed import MPICluster
+    from chexnet_utils.hardware.devices import usable_cores
+
+    if not workers or min(workers) < 1:
+        raise ValueError(f"workers must be positive worker counts, got {list(workers)}")
+    if accelerator_ms is not None and accelerator_ms <= 0:
+        raise ValueError(f"accelerator_ms must be > 0, got {accelerator_ms}")
+    if steps < 1 or warmup_steps < 0:
+        raise ValueError(f"need steps >= 1 and warmup_steps >= 0, got {steps}, {warmup_steps}")
+    say = log or (lambda msg: None)
+    modes = [0.0] + ([float(accelerator_ms)] if accelerator_ms else [])
+    runs: dict[float, dict[str, dict[int, list[float]]]] = {
+        m: {p: {} for p in pipelines} for m in modes}
+    cluster_times: dict[int, dict[str, float]] = {}
+    engine_envs: dict[int, dict[str, str]] = {}
+    for n in workers:
+        one_thread = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+                      "TF_NUM_INTEROP_THREADS": "1"} if bind_to == "core" else {}
+        with MPICluster(n=n, bind_to=bind_to, map_by=map_by,
+                        env={**one_thread, **(env or {})}) as cluster:
+            engine_envs[n] = effective_engine_env(cluster)
+            say(f"{n} MPI engine(s) up in {cluster.start_seconds or 0.0:.1f} s; timing")
+            for m in modes:
+                for r in range(repeats):
+                    order = list(pipelines) if r % 2 == 0 else list(pipelines)[::-1]
+                    for p in order:
+                        cfg = asdict(StepConfig(arch, image_size, batch_size, steps,
+                                                warmup_steps, tfrecords=str(tfrecords),
+                                                pipeline=p, accelerator_ms=m))
+                        res = cluster.run(throughput_on_engine, cfg, stream_rank0=False)
+                        rate = res[0]["img_per_s"]
+                        runs[m][p].setdefault(n, []).append(rate)
+                        kind = f"emulated {m:g} ms accelerator" if m else "CPU model"
+                        say(f"{n} worker(s), {p} pipeline, {kind}: {rate:.1f} img/s")
+        cluster_times[n] = {"start_s": cluster.start_seconds or 0.0,
+                            "stop_s": cluster.stop_seconds or 0.0}
+
+    def summary(m: float) -> dict[str, Any]:
+        means = {p: {n: sum(v) / len(v) for n, v in runs[m][p].items()} for p in pipelines}
+        return {
+            "img_per_s": {p: {str(n): r for n, r in means[p].items()} for p in pipelines},
+            "efficiency": {p: {str(n): e for n, e in efficiency(means[p]).items()}
+                           for p in pipelines} if 1 in workers else {},
+            "runs": {p: {str(n): v for n, v in runs[m][p].items()} for p in pipelines},
+        }
+
+    result: dict[str, Any] = {
+        "workers": list(workers), "pipelines": list(pipelines), "arch": arch,
+        "image_size": image_size, "batch_size_per_worker": batch_size, "steps": steps,
+        "warmup_steps": warmup_steps, "repeats": repeats, "bind_to": bind_to, "cores": usable_cores(),
+        "env": dict(env or {}), "tfrecords": str(tfrecords), **summary(0.0),
+        "engine_env": {str(n): e for n, e in engine_envs.items()},
+        "cluster_seconds": {str(n): t for n, t in cluster_times.items()},
+    }
+    if accelerator_ms:
+        result["emulated"] = {"accelerator_ms": float(accelerator_ms),
+                              **summary(float(accelerator_ms))}
+    return result
+
+
+def _table(r: dict[str, Any], block: dict[str, Any]) -> list[str]:
+    lines = [f"{'workers':>8}  " + "  ".join(f"{p + ' img/s':>12}  {'eff.':>5}"
+                                             for p in r["pipelines"])]
+    for n in r["workers"]:
+        cells = []
+        for p in r["pipelines"]:
+            eff = block["efficiency"].get(p, {}).get(str(n), float("nan"))
+            cells.append(f"{block['img_per_s'][p][str(n)]:12.1f}  {eff:5.2f}")
+        lines.append(f"{n:>8}  " + "  ".join(cells))
+    return lines
+
+
+def format_scaling(r: dict[str, Any]) -> str:
+    """Readable table of :func:`bench_scaling` results (and of the emulated accelerator)."""
+    lines = [f"{r['arch']} at {r['image_size']} px, batch {r['batch_size_per_worker']}/worker, "
+             f"{r['steps']} timed steps, bind-to {r['bind_to']}, {r['cores']} cores",
+             "model on the CPU (one core per worker):"]
+    lines += _table(r, r)
+    if "emulated" in r:
+        e = r["emulated"]
+        lines += [f"emulated accelerator ({e['accelerator_ms']:g} ms per step; the core only "
+                  "feeds it):"]
+        lines += _table(r, e)
+    return "\n".join(lines)

@@ -1,0 +1,13 @@
+"""The model wing: CheXNet and what is computed from it.
+
+- :mod:`~chexnet_utils.model.models`: CheXNet and its smaller siblings, the class-weighted
+  loss, AUROC (scikit-learn);
+- :mod:`~chexnet_utils.model.accelerator`: GPU speed switches: mixed precision and XLA, on by
+  default where the process has a GPU;
+- :mod:`~chexnet_utils.model.explain`: Grad-CAM: where in the image did the model look for a
+  pathology? (notebook 03).
+
+Importing the wing imports none of them (and no TensorFlow):
+``from chexnet_utils.model import models``
+loads what it names.
+"""

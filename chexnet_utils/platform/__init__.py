@@ -1,0 +1,15 @@
+"""The platform wing: what every other wing stands on, with no TensorFlow and no MPI.
+
+- :mod:`~chexnet_utils.platform.processes`: process lifetime: every command stops cleanly on
+  SIGTERM and leaves nothing behind (lifelines, the watchdog, terminate-then-kill);
+- :mod:`~chexnet_utils.platform.atomic`: crash-safe file writes: a reader sees the old file or
+  the new one, never half of one;
+- :mod:`~chexnet_utils.platform.checks`: argument checks shared by the package's public
+  functions;
+- :mod:`~chexnet_utils.platform.exposure`: who can reach what a process listens on: the gate
+  before an unauthenticated server.
+
+Importing the wing imports none of them (and no TensorFlow):
+``from chexnet_utils.platform import processes``
+loads what it names.
+"""
