@@ -4,8 +4,8 @@ Notebooks narrate; this package implements. It is built in wings, one subpackage
 each ``__init__`` docstring the wing's map (the floor plan with who uses what:
 docs/architecture.md):
 
-- :mod:`~chexnet_utils.platform`: process lifetime, crash-safe writes, argument checks, the
-  exposure gate before a listener;
+- :mod:`~chexnet_utils.platform`: process lifetime, crash-safe writes, the stopwatch, argument
+  checks, the exposure gate before a listener;
 - :mod:`~chexnet_utils.hardware`: devices and cores, GPU utilisation and topology, the
   environment check;
 - :mod:`~chexnet_utils.data`: labels, the NIH layout, leakage, the synthetic stand-in, the

@@ -141,7 +141,7 @@ def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
 def _cmd_bench_service(args: argparse.Namespace) -> int:
     from chexnet_utils.config import scale
     from chexnet_utils.data.prepare import prepare_tfrecords
-    from chexnet_utils.input.tfdata_service import bench_service, format_bench_service
+    from chexnet_utils.bench.service import bench_service, format_bench_service
 
     tfr = args.tfrecords or prepare_tfrecords(None, progress=False)
     result = bench_service(

@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from chexnet_utils.bench.bench_timing import barrier_windows
 from chexnet_utils.config import SCALES, scale
 from chexnet_utils.hardware.devices import usable_cpus
+from chexnet_utils.platform.timing import barrier_windows
 
 KIB = 1024
 MIB = 1024 * 1024

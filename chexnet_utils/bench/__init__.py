@@ -1,7 +1,6 @@
-"""The bench wing: the measurements, each timed side by side in one run.
+"""The bench wing: the measurements, each timed side by side in one run (the stopwatch under
+them all is :mod:`chexnet_utils.platform.timing`).
 
-- :mod:`~chexnet_utils.bench.bench_timing`: the stopwatch under every measurement: pull, wait,
-  count, alternate; the engines' barrier-to-barrier clock;
 - :mod:`~chexnet_utils.bench.bench_pipeline`: how fast an input pipeline delivers, and its
   ceiling (images/s);
 - :mod:`~chexnet_utils.bench.bench_training`: how much of a training step waits for data (the
@@ -10,6 +9,8 @@
   waiting vs computing;
 - :mod:`~chexnet_utils.bench.benchmark`: the notebooks' one name for the input measurements
   above (notebook 02);
+- :mod:`~chexnet_utils.bench.service`: the tf.data service measured: a one-core trainer
+  decoding locally vs fed by a service worker (notebook 07, ``bench service``);
 - :mod:`~chexnet_utils.bench.steptimer`: timed data-parallel training steps on MPI workers:
   Horovod or MultiWorkerMirroredStrategy;
 - :mod:`~chexnet_utils.bench.scaling`: images/s on 1..N Horovod workers and the scaling
@@ -18,6 +19,6 @@
   (``bench gpu-node``; needs GPUs).
 
 Importing the wing imports none of them (and no TensorFlow):
-``from chexnet_utils.bench import bench_timing``
+``from chexnet_utils.bench import benchmark``
 loads what it names.
 """

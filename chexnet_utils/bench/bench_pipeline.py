@@ -14,7 +14,7 @@ them as ``benchmark.X``):
     sharding after decoding (old) and sharding the file names first (new).
 
 Every rate is the mean over ``repeats`` runs with its standard deviation
-(:class:`ThroughputResult`); warm-up batches are never timed (:mod:`chexnet_utils.bench.bench_timing`).
+(:class:`ThroughputResult`); warm-up batches are never timed (:mod:`chexnet_utils.platform.timing`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from chexnet_utils.bench.bench_timing import RunMean, alternating, mean_std, pipeline_run
-from chexnet_utils.bench.bench_timing import timed_run, warm_up
 from chexnet_utils.hardware.devices import usable_cores
 from chexnet_utils.input.pipelines import Files, preprocess
+from chexnet_utils.platform.timing import RunMean, alternating, mean_std, pipeline_run
+from chexnet_utils.platform.timing import timed_run, warm_up
 
 if TYPE_CHECKING:
     import tensorflow as tf

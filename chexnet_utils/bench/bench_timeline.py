@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chexnet_utils.bench.bench_timing import block, next_or_none
+from chexnet_utils.platform.timing import block, next_or_none
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -5,7 +5,7 @@ The notebooks' one name for these measurements (``from chexnet_utils.bench impor
 :mod:`chexnet_utils.bench.bench_pipeline` (pipelines alone: images/s, ceiling, workers, shard
 counts), :mod:`chexnet_utils.bench.bench_training` (training fed by a pipeline: idle fractions),
 :mod:`chexnet_utils.bench.bench_timeline` (per-step timelines) and
-:mod:`chexnet_utils.bench.bench_timing` (the stopwatch they share). Defined here is only
+:mod:`chexnet_utils.platform.timing` (the stopwatch they share). Defined here is only
 :func:`bench_pipelines`, all of them in one run, with :func:`format_bench`.
 
 What each measurement answers
@@ -66,7 +66,6 @@ from chexnet_utils.bench.bench_timeline import (
     accel_wait_fraction,
     record_timeline,
 )
-from chexnet_utils.bench.bench_timing import first_batch
 from chexnet_utils.bench.bench_training import (
     FedTrainingResult,
     TrainingResult,
@@ -83,6 +82,7 @@ from chexnet_utils.input.pipelines import (
     new_approach,
     old_approach,
 )
+from chexnet_utils.platform.timing import first_batch
 
 if TYPE_CHECKING:
     import keras

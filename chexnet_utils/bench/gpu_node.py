@@ -24,10 +24,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from chexnet_utils.bench.bench_timing import barrier_windows
 from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.collectives import barrier
 from chexnet_utils.model.models import FULL_SIZE_ARCHITECTURES
+from chexnet_utils.platform.timing import barrier_windows
 
 ARTICLE_GPU_COUNTS = (1, 2, 3, 4, 8)
 """The GPU counts of the Dell articles' figure (two PowerEdge C4140 nodes, 4 V100 each)."""

@@ -30,9 +30,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chexnet_utils.bench.bench_timing import barrier_windows
 from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.collectives import barrier
+from chexnet_utils.platform.timing import barrier_windows
 
 if TYPE_CHECKING:
     from chexnet_utils.cluster.distributed import MPICluster

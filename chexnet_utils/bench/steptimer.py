@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from chexnet_utils.bench.bench_timing import barrier_windows
 from chexnet_utils.cluster.distributed import mpi_rank
 from chexnet_utils.collectives import barrier, horovod_compression, init_horovod, quiet_tensorflow
 from chexnet_utils.hvd_timeline import record_timeline
+from chexnet_utils.platform.timing import barrier_windows
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def _timed_runs(step: Callable[[], Any], sync: Callable[[], None], c: StepConfig
                 finish: Callable[[Any], Any]) -> list[float]:
     """Seconds of each of ``c.repeats`` (at least one) windows of ``c.steps`` steps after
     ``c.warmup_steps`` untimed ones, barrier to barrier
-    (:func:`~chexnet_utils.bench.bench_timing.barrier_windows`; ``finish`` waits for the last
+    (:func:`~chexnet_utils.platform.timing.barrier_windows`; ``finish`` waits for the last
     step's result)."""
     return [w.seconds for w in barrier_windows(step, sync, c.steps, max(1, c.repeats),
                                                c.warmup_steps, finish=finish)]

@@ -51,7 +51,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chexnet_utils.hardware.devices import usable_cpus
 from chexnet_utils.platform.exposure import require_private_network
 from chexnet_utils.platform.processes import set_parent_death_signal, wait_gone
 
@@ -63,12 +62,10 @@ __all__ = [
     "ServiceProcess",
     "ServiceStalled",
     "TFDataService",
-    "bench_service",
     "distribute",
-    "format_bench_service",
     "next_within",
     "port_open",
-    "trainer_run",
+    "role_command",
 ]
 
 PROCESSING_MODES: tuple[str, ...] = ("parallel_epochs", "distributed_epoch")
@@ -101,15 +98,16 @@ class ServiceProcess:
         return f"{HOST}:{self.port}"
 
 
-def _role_command(role: str, args: Sequence[str], cpus: Sequence[int] | None = None,
-                  extra_env: Mapping[str, str] | None = None
-                  ) -> tuple[list[str], dict[str, str]]:
+def role_command(role: str, args: Sequence[str], cpus: Sequence[int] | None = None,
+                 extra_env: Mapping[str, str] | None = None, module: str = __name__
+                 ) -> tuple[list[str], dict[str, str]]:
     """Command line and environment of one of this module's processes (``dispatcher``,
-    ``worker``, ``trainer``): this interpreter, ``--parent`` this process (its lifeline),
+    ``worker``; ``module`` another one's, as the ``trainer`` of
+    :mod:`chexnet_utils.bench.service`): this interpreter, ``--parent`` this process (its lifeline),
     pinned to ``cpus`` if given. The environment carries ``CHEXNET_LIFELINE`` (so the
     command's watchdog sees the child) and quiet TensorFlow logs unless ``extra_env`` says
     otherwise."""
-    cmd = [sys.executable, "-m", "chexnet_utils.input.tfdata_service", role,
+    cmd = [sys.executable, "-m", module, role,
            "--parent", str(os.getpid()), *args]
     if cpus is not None:
         cmd += ["--cpus", ",".join(map(str, cpus))]
@@ -198,7 +196,7 @@ class TFDataService:
     def _launch(self, role: str, args: list[str], cpus: Iterable[int] | None
                 ) -> tuple[subprocess.Popen[str], tuple[int, ...] | None]:
         cpu_t = tuple(sorted(cpus)) if cpus is not None else None
-        cmd, env = _role_command(role, args, cpu_t, self.env)
+        cmd, env = role_command(role, args, cpu_t, self.env)
         # In a session of its own: the notebook's Interrupt sends SIGINT to the kernel's
         # process group, and a service starting up (importing TensorFlow) would die of it;
         # it still dies with this process (parent-death signal, lifeline token).
@@ -368,209 +366,6 @@ def next_within(it: Iterator[Any], timeout: float) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# bench service: a one-core trainer, decoding locally vs fed by a service worker
-# --------------------------------------------------------------------------------------------
-
-def _timed_steps(step: Any, it: Iterator[Any], n_steps: int, warmup: int) -> float:
-    """Training images/s over ``n_steps`` steps pulled from ``it`` after ``warmup`` steps."""
-    from chexnet_utils.bench.bench_timing import batch_len, block
-
-    for _ in range(warmup):
-        block(step(next_within(it, 120)))
-    images = 0
-    t0 = time.perf_counter()
-    for _ in range(n_steps):
-        b = next_within(it, 120)
-        block(step(b))
-        images += batch_len(b)
-    return images / (time.perf_counter() - t0)
-
-
-def _drain(it: Iterator[Any], slow_s: float, limit: int = 500) -> int:
-    """Take (untimed) what the service buffered while the trainer did something else: pull
-    elements until one takes longer than ``slow_s`` to arrive (it had to be produced).
-    Returns how many were taken."""
-    for n in range(limit):
-        t0 = time.perf_counter()
-        next_within(it, 120)
-        if time.perf_counter() - t0 > slow_s:
-            return n + 1
-    return limit
-
-
-def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_size: int = 16,
-                n_steps: int = 30, warmup: int = 5, repeats: int = 2, split: str = "train",
-                processing_mode: str = "parallel_epochs", arch: str = "small",
-                seed: int = 0, prefetch: int = 4) -> dict[str, Any]:
-    """The trainer of :func:`bench_service`, run in a process confined to its cores (one).
-
-    Measures, in this order: ``c``, seconds of training compute per image (steps on one
-    constant batch); ``d``, seconds of decoding per image (the new pipeline alone, nothing
-    consuming); then ``repeats`` alternating runs of training fed by the new pipeline run
-    **locally** (decode and compute share the core: about ``d + c`` per image) and fed by the
-    **service** (``distribute(...)``: the trainer only computes, about ``max(d, c)``), with
-    ``prefetch`` received batches buffered on the trainer (when ``d`` and ``c`` are close, a
-    step that happens to be slow on either side would otherwise stall the other). Call
-    with TensorFlow configured to one intra/inter-op thread before this point.
-    """
-    import statistics
-
-    import keras
-
-    from chexnet_utils.bench.bench_pipeline import time_pipeline
-    from chexnet_utils.bench.bench_training import synthetic_rate, train_step_fn
-    from chexnet_utils.data.tfrecords import list_shards
-    from chexnet_utils.input.pipelines import new_approach
-    from chexnet_utils.model.models import build_chexnet
-
-    files = list_shards(tfrecords_dir, split)
-    if not files:
-        raise ValueError(f"{tfrecords_dir}: no {split} shards")
-
-    def pipeline() -> tf.data.Dataset:
-        return new_approach(files, batch_size, image_size, training=True, seed=seed)
-
-    keras.utils.set_random_seed(seed)
-    model = build_chexnet(arch, image_size)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="binary_crossentropy")
-    step = train_step_fn(model)
-    first = next(iter(pipeline()))
-    batch = (first[0], first[1])
-    runs: dict[str, list[float]] = {"local": [], "service": [], "compute": [], "decode": []}
-    # One service job for all runs (its worker starts once); each service run first takes
-    # `warmup` untimed steps, which also drain what the worker buffered meanwhile.
-    service_it = iter(distribute(pipeline(), target, processing_mode).prefetch(prefetch))
-    _timed_steps(step, service_it, 1, 2 * warmup)
-    for _ in range(repeats):  # c, d, local, service: each repeat measures all four
-        runs["compute"].append(synthetic_rate(step, batch, n_steps)[0])
-        runs["decode"].append(time_pipeline(pipeline(), n_steps, warmup, 1).mean)
-        it = iter(pipeline())
-        runs["local"].append(_timed_steps(step, it, n_steps, warmup))
-        del it
-        # a batch made on the worker's core takes about batch_size x d: half of that means
-        # "not from a buffer"
-        _drain(service_it, 0.5 * batch_size / runs["decode"][-1])
-        runs["service"].append(_timed_steps(step, service_it, n_steps, warmup))
-    del service_it
-    return {"compute_img_per_s": statistics.fmean(runs["compute"]),
-            "decode_img_per_s": statistics.fmean(runs["decode"]),
-            "compute_img_per_s_runs": runs["compute"], "decode_img_per_s_runs": runs["decode"],
-            "local_img_per_s_runs": runs["local"], "service_img_per_s_runs": runs["service"],
-            "n_files": len(files), "model": model.name, "arch": arch}
-
-
-def bench_service(tfrecords_dir: str | os.PathLike[str], image_size: int = 128,
-                  batch_size: int = 16, n_steps: int = 30, warmup: int = 5, repeats: int = 2,
-                  split: str = "train", processing_mode: str = "parallel_epochs",
-                  arch: str = "small", trainer_cpus: Iterable[int] = (0,),
-                  worker_cpus: Iterable[int] = (1,), timeout: float = 900.0,
-                  log: Any = None) -> dict[str, Any]:
-    """A GPU host whose cores are all busy, on a CPU: local decoding vs a tf.data service.
-
-    The trainer is a separate process pinned to ``trainer_cpus`` (one core) with one
-    intra/inter-op thread: it trains the CPU-sized model (compute ``c`` per image) and, in
-    the local runs, also decodes the full-size shards (``d`` per image), so a step costs
-    about ``d + c``. In the service runs a worker process pinned to ``worker_cpus`` decodes
-    and the trainer only computes: about ``max(d, c)``. Returns a JSON-ready dict with
-    ``local_img_per_s``, ``service_img_per_s``, ``service_over_local``, ``d_ms``, ``c_ms``,
-    ``predicted_speedup = (d + c) / max(d, c)``, ``bytes_per_image`` (what the service
-    ships per image), and the parameters.
-    """
-    import statistics
-
-    say = log or (lambda _msg: None)
-    trainer_cpus, worker_cpus = tuple(trainer_cpus), tuple(worker_cpus)
-    if set(trainer_cpus) & set(worker_cpus):
-        raise ValueError("trainer and service worker must run on different cores")
-    avail = set(usable_cpus())
-    if not set(trainer_cpus) | set(worker_cpus) <= avail:
-        raise ValueError(f"cores {sorted(set(trainer_cpus) | set(worker_cpus))} not all "
-                         f"available (this process may use {sorted(avail)})")
-    load_start = list(os.getloadavg())
-    say(f"starting a tf.data service (dispatcher + 1 worker on core(s) {list(worker_cpus)})")
-    with TFDataService(num_workers=1, worker_cpus=[worker_cpus],
-                       dispatcher_cpus=worker_cpus) as svc:
-        say(f"trainer on core(s) {list(trainer_cpus)}: measuring c, d, then local vs service")
-        cmd, env = _role_command("trainer", [
-            "--tfrecords", str(tfrecords_dir), "--target", svc.target,
-            "--image-size", str(image_size), "--batch-size", str(batch_size),
-            "--steps", str(n_steps), "--warmup", str(warmup), "--repeats", str(repeats),
-            "--split", split, "--mode", processing_mode, "--arch", arch], trainer_cpus)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        stop_report = svc.stop()
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the trainer failed (exit {proc.returncode}): "
-                           f"{proc.stderr.strip()[-2000:]}")
-    r = json.loads(lines[-1])
-    local = statistics.fmean(r["local_img_per_s_runs"])
-    service = statistics.fmean(r["service_img_per_s_runs"])
-    d, c = 1.0 / r["decode_img_per_s"], 1.0 / r["compute_img_per_s"]
-    r.update(
-        local_img_per_s=local, service_img_per_s=service,
-        service_over_local=service / local, d_ms=1000 * d, c_ms=1000 * c,
-        predicted_local_img_per_s=1.0 / (d + c), predicted_service_img_per_s=1.0 / max(d, c),
-        predicted_speedup=(d + c) / max(d, c),
-        bytes_per_image=image_size * image_size * 3 * 4,
-        service_MB_per_s=service * image_size * image_size * 3 * 4 / 1e6,
-        trainer_cpus=list(trainer_cpus), worker_cpus=list(worker_cpus),
-        processing_mode=processing_mode, image_size=image_size, batch_size=batch_size,
-        n_steps=n_steps, warmup=warmup, repeats=repeats, split=split,
-        tfrecords_dir=str(tfrecords_dir), service_stopped_cleanly=not (
-            stop_report["left"] or stop_report["open_ports"]),
-        load_average_start=load_start, load_average=list(os.getloadavg()))
-    r["service_over_predicted"] = r["service_over_local"] / r["predicted_speedup"]
-    return r
-
-
-def format_bench_service(r: dict[str, Any]) -> str:
-    """The result of :func:`bench_service` as a small table."""
-    return "\n".join([
-        f"one-core trainer (core(s) {r['trainer_cpus']}), {r['arch']} model at "
-        f"{r['image_size']} px, batch {r['batch_size']}; service worker on core(s) "
-        f"{r['worker_cpus']} ({r['processing_mode']})",
-        f"  decode d = {r['d_ms']:.1f} ms/image, compute c = {r['c_ms']:.1f} ms/image",
-        f"  {'':<22}{'measured':>10}{'predicted':>11}",
-        f"  {'local (d + c)':<22}{r['local_img_per_s']:>10.1f}"
-        f"{r['predicted_local_img_per_s']:>11.1f}  images/s",
-        f"  {'service (max(d, c))':<22}{r['service_img_per_s']:>10.1f}"
-        f"{r['predicted_service_img_per_s']:>11.1f}  images/s",
-        f"  {'service / local':<22}{r['service_over_local']:>9.2f}x"
-        f"{r['predicted_speedup']:>10.2f}x",
-        f"  load average (1 min) at the start {r['load_average_start'][0]:.2f}, at the end "
-        f"{r['load_average'][0]:.2f} (other jobs on the cores distort the figures)",
-    ])
-
-
-def _trainer_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m chexnet_utils.input.tfdata_service trainer")
-    p.add_argument("--parent", type=int, default=None)
-    p.add_argument("--cpus", default="0")
-    p.add_argument("--tfrecords", required=True)
-    p.add_argument("--target", required=True)
-    p.add_argument("--image-size", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--split", default="train")
-    p.add_argument("--mode", default="parallel_epochs", choices=PROCESSING_MODES)
-    p.add_argument("--arch", default="small")
-    a = p.parse_args(argv)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    set_parent_death_signal(signal.SIGKILL, a.parent)
-    os.sched_setaffinity(0, {int(c) for c in a.cpus.split(",")})
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    r = trainer_run(a.tfrecords, a.target, a.image_size, a.batch_size, a.steps, a.warmup,
-                    a.repeats, a.split, a.mode, a.arch)
-    print(json.dumps(r), flush=True)
-    return 0
-
-
-# --------------------------------------------------------------------------------------------
 # The service processes: python -m chexnet_utils.input.tfdata_service dispatcher|worker ...
 # --------------------------------------------------------------------------------------------
 
@@ -597,10 +392,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the dispatcher, worker and bench-trainer processes."""
+    """Entry point of the dispatcher and worker processes."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["trainer"]:
-        return _trainer_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m chexnet_utils.input.tfdata_service")
     p.add_argument("role", choices=("dispatcher", "worker"))
     p.add_argument("--port", type=int, default=0, help="0: any free port (printed)")

@@ -4,6 +4,8 @@
   SIGTERM and leaves nothing behind (lifelines, the watchdog, terminate-then-kill);
 - :mod:`~chexnet_utils.platform.atomic`: crash-safe file writes: a reader sees the old file or
   the new one, never half of one;
+- :mod:`~chexnet_utils.platform.timing`: the stopwatch under every measurement: pull, wait,
+  count, alternate; the engines' barrier-to-barrier clock;
 - :mod:`~chexnet_utils.platform.checks`: argument checks shared by the package's public
   functions;
 - :mod:`~chexnet_utils.platform.exposure`: who can reach what a process listens on: the gate

@@ -1,4 +1,4 @@
-"""The stopwatch shared by the input-pipeline benchmarks (chexnet_utils.bench.bench_timing) and the
+"""The stopwatch shared by the input-pipeline benchmarks (chexnet_utils.platform.timing) and the
 one engine StepConfig (chexnet_utils.bench.steptimer): pure Python, no TensorFlow."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from chexnet_utils.bench.bench_timing import (
+from chexnet_utils.bench.steptimer import StepConfig
+from chexnet_utils.platform.timing import (
     RunMean,
     Window,
     alternating,
@@ -21,7 +22,6 @@ from chexnet_utils.bench.bench_timing import (
     pipeline_run,
     timed_run,
 )
-from chexnet_utils.bench.steptimer import StepConfig
 
 
 class Arr:
