@@ -407,25 +407,16 @@ def start_watchdog(parent: int, token: str) -> subprocess.Popen[bytes] | None:
     there is no ``/proc`` (the token cannot be read there)."""
     if not os.path.isdir("/proc"):
         return None
-    return subprocess.Popen([sys.executable, "-m", "chexnet_utils.platform.processes", str(parent), token],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "chexnet_utils.platform.processes",
+                             str(parent), token], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, start_new_session=True)
 
 
 def watchdog_on_death(proc: subprocess.Popen[bytes] | None, argv: list[str]) -> bool:
     """Ask a watchdog of :func:`start_watchdog` to run ``argv`` too if its parent dies (not
     when it is released): for what lives beyond this machine's process tree, a Slurm job
     (``scancel``). Returns False when the watchdog cannot be told (none, or gone)."""
-    import json
-
-    if proc is None or proc.stdin is None or proc.poll() is not None:
-        return False
-    try:
-        proc.stdin.write(b"on-death " + json.dumps(list(argv)).encode() + b"\n")
-        proc.stdin.flush()
-    except OSError:
-        return False
-    return True
+    return _tell_watchdog(proc, "on-death", [str(a) for a in argv])
 
 
 def watchdog_remove_on_death(proc: subprocess.Popen[bytes] | None, path: str) -> bool:
@@ -433,12 +424,17 @@ def watchdog_remove_on_death(proc: subprocess.Popen[bytes] | None, path: str) ->
     it, or a file) if its parent dies, once the marked processes are gone: what the parent's
     clean-up would have removed (a cluster's profile folder with its connection files).
     Returns False when the watchdog cannot be told (none, or gone)."""
+    return _tell_watchdog(proc, "remove-on-death", str(path))
+
+
+def _tell_watchdog(proc: subprocess.Popen[bytes] | None, verb: str, value: object) -> bool:
+    """Write one ``VERB <json>`` line of :class:`DeathPlan` to the watchdog's stdin."""
     import json
 
     if proc is None or proc.stdin is None or proc.poll() is not None:
         return False
     try:
-        proc.stdin.write(b"remove-on-death " + json.dumps(str(path)).encode() + b"\n")
+        proc.stdin.write(f"{verb} {json.dumps(value)}\n".encode())
         proc.stdin.flush()
     except OSError:
         return False
