@@ -237,21 +237,26 @@ def marked_processes(token: str, exclude: Iterable[int] = ()) -> list[int]:
         for entry in env.split(b"\0"):
             if entry.startswith(LIFELINE_ENV.encode() + b"="):
                 tokens = entry.split(b"=", 1)[1].decode(errors="replace").split(",")
-                if token in tokens and pid_alive(int(name)) and not _resource_tracker(name):
+                if token in tokens and pid_alive(int(name)) and not _exits_by_itself(name):
                     found.append(int(name))
                 break
     return found
 
 
-def _resource_tracker(pid: str) -> bool:
-    """multiprocessing's resource tracker ignores SIGTERM by design and exits by itself, after
-    unlinking what the workers leaked, once every process holding its pipe is gone: it is
-    left to do that rather than killed."""
+def _exits_by_itself(pid: str) -> bool:
+    """Processes left to end on their own rather than killed: multiprocessing's resource
+    tracker (it ignores SIGTERM by design and exits, after unlinking what the workers leaked,
+    once every process holding its pipe is gone) and another watchdog of this module (a
+    cluster's, inside a command: once its parent is dead it stops that cluster and removes the
+    cluster's folder, :func:`watchdog_remove_on_death`; killed by the command's watchdog, it
+    left the folder behind)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"multiprocessing.resource_tracker" in f.read()
+            cmdline = f.read()
     except OSError:
         return False
+    return (b"multiprocessing.resource_tracker" in cmdline
+            or b"-m\0chexnet_utils.platform.processes\0" in cmdline)
 
 
 def stop_marked(token: str, exclude: Iterable[int] = (), grace: float = 3.0,

@@ -131,12 +131,21 @@ def test_bench_pipelines(run, tmp_path, reference, sig):
 @pytest.mark.mpi
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_bench_scaling(run, tmp_path, reference, sig):
+    tmp = tmp_path / "tmp"  # the cluster's profile folder is made here (TMPDIR)
+    tmp.mkdir()
     cmd = run("bench", "scaling", "--tfrecords", reference[1], "--workers", "2",
               "--pipelines", "new", "--image-size", "64", "--steps", "100000",
-              "--json", tmp_path / "s.json")
+              "--json", tmp_path / "s.json", env={"TMPDIR": str(tmp)})
     cmd.wait_for(lambda: len(cmd.descendants("ipyparallel.engine")) >= 2
                  and "timing" in cmd.output(), "2 MPI engines at work", timeout=120)
+    assert list(tmp.glob("chexnet-ipp-*"))
     signal_and_check(cmd, sig, min_procs=4)  # controller, mpiexec, 2 engines
+    # nor its profile folder: after SIGKILL the cluster's own watchdog removes it (the
+    # command's watchdog once killed that one first, and the folder stayed)
+    deadline = time.monotonic() + 10
+    while list(tmp.glob("chexnet-ipp-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not list(tmp.glob("chexnet-ipp-*"))
 
 
 NOTEBOOK = {
