@@ -21,7 +21,8 @@ from typing import TypeVar
 import psutil
 import pytest
 
-from chexnet_utils.platform.processes import LIFELINE_ENV, lifeline_tokens, marked_processes, wait_gone
+from chexnet_utils.platform.processes import (LIFELINE_ENV, WATCHDOG_MODULE, lifeline_tokens,
+                                              marked_processes, wait_gone)
 
 T = TypeVar("T")
 
@@ -107,7 +108,7 @@ def _helper(p: psutil.Process) -> bool:
         line = " ".join(p.cmdline())
     except psutil.NoSuchProcess:
         return True
-    return "chexnet_utils.platform.processes" in line or "resource_tracker" in line
+    return WATCHDOG_MODULE in line or "resource_tracker" in line
 
 
 class ProcessTree:

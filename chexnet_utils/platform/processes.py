@@ -256,7 +256,7 @@ def _exits_by_itself(pid: str) -> bool:
     except OSError:
         return False
     return (b"multiprocessing.resource_tracker" in cmdline
-            or b"-m\0chexnet_utils.platform.processes\0" in cmdline)
+            or f"-m\0{WATCHDOG_MODULE}\0".encode() in cmdline)
 
 
 def stop_marked(token: str, exclude: Iterable[int] = (), grace: float = 3.0,
@@ -304,16 +304,16 @@ class DeathPlan:
         other line (``done``)."""
         import json
 
-        for prefix, into in ((b"on-death ", self.commands), (b"remove-on-death ", self.paths)):
-            if line.startswith(prefix):
-                with contextlib.suppress(ValueError):
-                    value = json.loads(line[len(prefix):])
-                    if into is self.commands and isinstance(value, list) and value:
-                        self.commands.append([str(a) for a in value])
-                    elif into is self.paths and isinstance(value, str) and value:
-                        self.paths.append(value)
-                return True
-        return False
+        verb, _, payload = line.partition(b" ")
+        if verb not in (b"on-death", b"remove-on-death"):
+            return False
+        with contextlib.suppress(ValueError):
+            value = json.loads(payload)
+            if verb == b"on-death" and isinstance(value, list) and value:
+                self.commands.append([str(a) for a in value])
+            elif verb == b"remove-on-death" and isinstance(value, str) and value:
+                self.paths.append(value)
+        return True
 
 
 def _read_lines(fd: int, pending: bytearray, on_death: DeathPlan | None,
@@ -372,11 +372,15 @@ def _wait_for_parent_or_done(parent: int, on_death: DeathPlan | None = None) -> 
             return _read_lines(stdin, pending, on_death, block=False) == "done"
 
 
+WATCHDOG_MODULE = "chexnet_utils.platform.processes"
+"""What a watchdog runs (``python -m``): this module, by the name it is imported as."""
+
+
 def watchdog_main(argv: list[str] | None = None) -> int:
     """``python -m chexnet_utils.platform.processes PARENT_PID TOKEN``: the watchdog process."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m chexnet_utils.platform.processes PARENT_PID TOKEN", file=sys.stderr)
+        print(f"usage: python -m {WATCHDOG_MODULE} PARENT_PID TOKEN", file=sys.stderr)
         return 2
     parent, token = int(args[0]), args[1]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the command, not for us
@@ -412,9 +416,9 @@ def start_watchdog(parent: int, token: str) -> subprocess.Popen[bytes] | None:
     there is no ``/proc`` (the token cannot be read there)."""
     if not os.path.isdir("/proc"):
         return None
-    return subprocess.Popen([sys.executable, "-m", "chexnet_utils.platform.processes",
-                             str(parent), token], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", WATCHDOG_MODULE, str(parent), token],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def watchdog_on_death(proc: subprocess.Popen[bytes] | None, argv: list[str]) -> bool:

@@ -15,6 +15,7 @@ import os
 import signal
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,15 @@ def run(tmp_path):
     yield start
     for cmd in started:
         cmd.close()
+
+
+def left_after(remaining: Callable[[], list[Path]], seconds: float) -> list[Path]:
+    """What ``remaining()`` still lists after up to ``seconds`` (a watchdog removes what a
+    killed command left: it may still be at it)."""
+    deadline = time.monotonic() + seconds
+    while (left := remaining()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 # ---- every command -------------------------------------------------------------------------
@@ -142,10 +152,7 @@ def test_bench_scaling(run, tmp_path, reference, sig):
     signal_and_check(cmd, sig, min_procs=4)  # controller, mpiexec, 2 engines
     # nor its profile folder: after SIGKILL the cluster's own watchdog removes it (the
     # command's watchdog once killed that one first, and the folder stayed)
-    deadline = time.monotonic() + 10
-    while list(tmp.glob("chexnet-ipp-*")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not list(tmp.glob("chexnet-ipp-*"))
+    assert not left_after(lambda: list(tmp.glob("chexnet-ipp-*")), 10)
 
 
 NOTEBOOK = {
@@ -276,8 +283,5 @@ def test_a_killed_or_orphaned_kernel_leaves_no_cluster_behind(tmp_path):
               f"{time.monotonic() - t0:.1f} s")
         client.stop_channels()
     # the watchdogs remove them once the processes are gone (they may still be at it)
-    deadline = time.monotonic() + 10
-    while any(p.exists() for p in profiles) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in profiles if p.exists()], "profile folders left"
+    assert not left_after(lambda: [p for p in profiles if p.exists()], 10), "profile folders left"
     assert not orphan_shm_segments(since=started), "shared-memory segments left"
