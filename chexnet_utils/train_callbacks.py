@@ -72,7 +72,7 @@ def callback_classes() -> dict[str, type]:
 
     class Validation(keras.callbacks.Callback):
         """Predict the whole val split at epoch end; add ``val_loss`` and ``val_mean_auroc``
-        (exact, scikit-learn) to the logs, keep the per-class AUROC of every epoch."""
+        (exact, ``models.per_class_auroc``) to the logs, keep the per-class AUROC of every epoch."""
 
         def __init__(self, dataset: tf.data.Dataset, loss_fn: Any,
                      distributed: bool = False) -> None:

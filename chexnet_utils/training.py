@@ -19,7 +19,8 @@ What one call does
    cross-entropy (:class:`~chexnet_utils.model.models.WeightedBCE`), ``ReduceLROnPlateau`` (factor
    0.1). Notebook 03 writes the same training out in its cells and checks, with op
    determinism, that it gives the same weights bit for bit. After every epoch the whole validation split is predicted and its exact per-class
-   AUROC computed with scikit-learn; the best epoch by validation mean AUROC is kept.
+   AUROC computed (rank-based, :func:`chexnet_utils.model.models.binary_auroc`); the best
+   epoch by validation mean AUROC is kept.
 4. Evaluates the best weights on the test split and writes ``metrics.json``.
 
 Files in ``out_dir``::

@@ -1,7 +1,7 @@
 """The model wing: CheXNet and what is computed from it.
 
 - :mod:`~chexnet_utils.model.models`: CheXNet and its smaller siblings, the class-weighted
-  loss, AUROC (scikit-learn);
+  loss, the exact AUROC (rank-based numpy, no scikit-learn: see its docstring);
 - :mod:`~chexnet_utils.model.accelerator`: GPU speed switches: mixed precision and XLA, on by
   default where the process has a GPU;
 - :mod:`~chexnet_utils.model.explain`: Grad-CAM: where in the image did the model look for a

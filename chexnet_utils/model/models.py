@@ -18,13 +18,13 @@ What is here
   cross-entropy against class imbalance: the weighting the CheXNet paper defines for its
   binary pneumonia model (arXiv:1711.05225v3 §2.1) applied to each of the 14 classes. (The
   paper's 14-class model optimises "the sum of unweighted binary cross entropy losses", §5.)
-* :func:`per_class_auroc`, :func:`mean_auroc` (exact: scikit-learn's ``roc_auc_score``,
-  with NaN for a class lacking positives or negatives), :func:`roc_curve` (scikit-learn's
-  points whose area they are) and :class:`MeanAUROC` (Keras' thresholded estimate, for
+* :func:`per_class_auroc`, :func:`mean_auroc` (exact: the Mann-Whitney statistic, the number
+  scikit-learn's ``roc_auc_score`` gives, with NaN for a class lacking positives or
+  negatives), :func:`roc_curve` (the points whose area they are) and :class:`MeanAUROC` (Keras' thresholded estimate, for
   training logs only).
 * :data:`CHEXNET_PAPER_AUROC` - the paper's per-class test AUROC, to compare against.
 
-TensorFlow/Keras and scikit-learn are imported lazily: ``import chexnet_utils.model.models`` only
+TensorFlow/Keras is imported lazily: ``import chexnet_utils.model.models`` only
 needs numpy until a model, loss, metric or AUROC is computed. The Keras classes are created
 on first attribute access (module ``__getattr__``) and registered for ``.keras``
 serialisation under the package name ``chexnet_utils``; :func:`custom_objects` lists them for
@@ -120,7 +120,7 @@ _CAFFE_MEAN_BGR = (103.939, 116.779, 123.68)
 
 
 # --------------------------------------------------------------------------------------------
-# AUROC (scikit-learn)
+# AUROC (exact, numpy)
 # --------------------------------------------------------------------------------------------
 
 def _binary_inputs(y_true: Sequence[float] | np.ndarray, y_score: Sequence[float] | np.ndarray
@@ -137,40 +137,47 @@ def _binary_inputs(y_true: Sequence[float] | np.ndarray, y_score: Sequence[float
 
 def binary_auroc(y_true: Sequence[float] | np.ndarray,
                  y_score: Sequence[float] | np.ndarray) -> float:
-    """Area under the ROC curve of one binary problem, exactly:
-    ``sklearn.metrics.roc_auc_score``.
+    """Area under the ROC curve of one binary problem, exactly (the number
+    ``sklearn.metrics.roc_auc_score`` gives).
 
     AUROC is the probability that a random positive scores higher than a random negative
-    (ties count one half), i.e. the Mann-Whitney U statistic divided by ``P * N``.
-    ``y_true`` entries >= 0.5 are positives. Returns NaN (where scikit-learn raises) when
+    (ties count one half), i.e. the Mann-Whitney U statistic divided by ``P * N`` (Hanley and
+    McNeil 1982, Radiology 143:29-36: the area equals the Wilcoxon statistic). U comes from the
+    ranks of all scores, tied scores sharing their average rank: ``U = (sum of the positives'
+    ranks) - P (P + 1) / 2``. ``y_true`` entries >= 0.5 are positives. Returns NaN when
     ``y_true`` holds only one class (AUROC is undefined) or a score is not finite.
     """
     t, s, n_pos, n_neg = _binary_inputs(y_true, y_score)
     if n_pos == 0 or n_neg == 0 or not np.all(np.isfinite(s)):
         return math.nan
-    from sklearn.metrics import roc_auc_score
-
-    return float(roc_auc_score(t, s))
+    _, group, counts = np.unique(s, return_inverse=True, return_counts=True)
+    average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based, ties share the mean
+    u = average_rank[group][t].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
 
 
 def roc_curve(y_true: Sequence[float] | np.ndarray,
               y_score: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The ROC curve of one binary problem: ``(false positive rate, true positive rate)``,
-    from ``sklearn.metrics.roc_curve(..., drop_intermediate=False)``.
+    the points ``sklearn.metrics.roc_curve(..., drop_intermediate=False)`` gives.
 
     One point per distinct score, taken as the threshold from the highest score down
     ("positive if score >= threshold"), plus the start point ``(0, 0)``; tied scores move the
     curve diagonally, as they should. The area under these points by the trapezoidal rule is
     exactly :func:`binary_auroc`. ``y_true`` entries >= 0.5 are positives. Returns two
-    empty arrays when ``y_true`` holds only one class (no curve exists).
+    empty arrays when ``y_true`` holds only one class (no curve exists); raises
+    ``ValueError`` for a score that is not finite.
     """
     t, s, n_pos, n_neg = _binary_inputs(y_true, y_score)
     if n_pos == 0 or n_neg == 0:
         return np.zeros(0), np.zeros(0)
-    from sklearn import metrics
-
-    fpr, tpr, _ = metrics.roc_curve(t, s, drop_intermediate=False)
-    return fpr.astype(np.float64), tpr.astype(np.float64)
+    if not np.all(np.isfinite(s)):
+        raise ValueError("y_score holds NaN or infinite values: no ROC curve")
+    order = np.argsort(-s, kind="stable")
+    last_of_tie = np.r_[np.diff(s[order]) != 0, True]  # one point per distinct score
+    tps = np.cumsum(t[order])[last_of_tie]
+    fps = np.cumsum(~t[order])[last_of_tie]
+    return np.r_[0.0, fps / n_neg], np.r_[0.0, tps / n_pos]
 
 
 def per_class_auroc(y_true: np.ndarray | Sequence[Sequence[float]],
