@@ -30,8 +30,9 @@ Not yet in a wing (issue 28 moves them next): the training modules
 :mod:`~chexnet_utils.costmodel`, :mod:`~chexnet_utils.hvd_timeline`,
 :mod:`~chexnet_utils.comm_experiments`, :mod:`~chexnet_utils.linkbench`); and at the top
 :mod:`~chexnet_utils.config` (every setting), :mod:`~chexnet_utils.cli`
-(``python -m chexnet_utils``), :mod:`~chexnet_utils.lab` (JupyterLab for ``make lab``) and
-:mod:`~chexnet_utils.sniff` (packet capture for the tests).
+(``python -m chexnet_utils``) and :mod:`~chexnet_utils.lab` (JupyterLab for ``make lab``).
+What only the tests use (a headless JupyterLab, the notebook linters, the closing table, a
+packet sniffer, the data-set fixtures) lives in ``tests/support/``, not here.
 """
 
 from chexnet_utils.data.labels import NO_FINDING, NUM_CLASSES, PATHOLOGIES

@@ -88,7 +88,7 @@ def _cmd_whoami(args: argparse.Namespace) -> int:
 
 
 def _cmd_nbclean(args: argparse.Namespace) -> int:
-    from chexnet_utils.notebook.nbtools import clean_all
+    from chexnet_utils.notebook.clean import clean_all
 
     clean_all(args.notebooks, execute=args.execute)
     return 0

@@ -10,8 +10,8 @@ the code lives in one module per concern:
   (``message_sizes``, ``default_max_bytes``, ``format_bytes``, ``MIB``);
 - :mod:`chexnet_utils.bench.steptimer`: one training step timed with Horovod or
   MultiWorkerMirroredStrategy (``StepConfig``, ``hvd_throughput_on_engine``,
-  ``free_local_port``, ``tf_config``, ``mwms_setup_on_engine``,
-  ``backend_throughput_on_engine``);
+  ``tf_config``, ``mwms_setup_on_engine``, ``backend_throughput_on_engine``) and, for
+  ``TF_CONFIG``, :func:`chexnet_utils.platform.ports.free_port` (``free_port``);
 - :mod:`chexnet_utils.costmodel`: bandwidths, the alpha-beta model, predictions, the numpy
   simulations of both algorithms, CheXNet's gradient sizes;
 - :mod:`chexnet_utils.hvd_timeline`: Horovod timelines recorded, parsed and summarised.
@@ -26,7 +26,6 @@ from __future__ import annotations
 from chexnet_utils.bench.steptimer import (
     StepConfig,
     backend_throughput_on_engine,
-    free_local_port,
     hvd_throughput_on_engine,
     mwms_setup_on_engine,
     mwms_strategy,
@@ -64,6 +63,7 @@ from chexnet_utils.hvd_timeline import (
     timeline_summary,
     wait_for_timeline,
 )
+from chexnet_utils.platform.ports import free_port
 
 __all__ = [
     "MIB", "REPORTED_HOROVOD_2018",
@@ -71,7 +71,7 @@ __all__ = [
     "default_max_bytes", "message_sizes", "format_bytes", "ps_average", "allreduce_times",
     "parameter_server_times", "allreduce_burst_times", "allreduce_scan_on_engine",
     # steptimer
-    "StepConfig", "hvd_throughput_on_engine", "free_local_port", "tf_config",
+    "StepConfig", "hvd_throughput_on_engine", "free_port", "tf_config",
     "mwms_setup_on_engine", "mwms_strategy", "backend_throughput_on_engine",
     # costmodel
     "algbw", "busbw", "fit_alpha_beta", "predict", "predict_ring", "predict_ps",

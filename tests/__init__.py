@@ -1,1 +1,1 @@
-"""The test suite as a package: test files import tests.datasets and tests.proctree."""
+"""The test suite as a package: test files import what they share from ``tests.support``."""

@@ -20,7 +20,7 @@ browser), so a second worker fills the waits. Each test file is a group of its o
 run on one worker, in order, sharing its module fixtures), and files that must not run beside
 each other share one :data:`XDIST_GROUPS` group.
 
-The data sets: :func:`tests.datasets.synthetic_tfrecords` makes one for given parameters;
+The data sets: :func:`tests.support.datasets.synthetic_tfrecords` makes one for given parameters;
 the fixtures below make each parameter set once per session, for the tests that share it
 (they only read it).
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.datasets import synthetic_tfrecords
+from tests.support.datasets import synthetic_tfrecords
 
 LAYERS = ("unit", "tf", "mpi", "notebooks")
 _TESTS = Path(__file__).resolve().parent
@@ -101,7 +101,7 @@ TfrecordsFactory = Callable[..., Path]
 
 @pytest.fixture(scope="session")
 def make_tfrecords(tmp_path_factory: pytest.TempPathFactory) -> TfrecordsFactory:
-    """``make(n, size, shard_size, seed=0)``: :func:`~tests.datasets.synthetic_tfrecords`
+    """``make(n, size, shard_size, seed=0)``: :func:`~tests.support.datasets.synthetic_tfrecords`
     made once per session for each parameter set; the TFRecords folder (read it only)."""
     made: dict[tuple[int, int, int, int], Path] = {}
 

@@ -219,19 +219,6 @@ class _OptimizerHolder:
 _MWMS: dict[str, Any] = {}
 
 
-def free_local_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it).
-
-    Run on every engine (``cluster.run(free_local_port)``) to build ``TF_CONFIG``; a tiny
-    race remains (another process could take the port before TensorFlow binds it).
-    """
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def tf_config(ports: Sequence[int], rank: int, host: str = "127.0.0.1") -> dict[str, Any]:
     """The ``TF_CONFIG`` of worker ``rank`` in a cluster of ``len(ports)`` workers.
 

@@ -76,6 +76,7 @@ from chexnet_utils.cluster import slurm as S
 from chexnet_utils.cluster.slurm_access import (check_state_dir, invoking_user, loopback_bind_address,
                                         open_new, private_folder)
 from chexnet_utils.platform.atomic import write_json_atomic, write_text_atomic
+from chexnet_utils.platform.ports import free_ports
 
 NODE_NAME = "chexnet-node"
 PARTITION = "debug"
@@ -86,21 +87,6 @@ STATE_FOLDERS = ("munge-run", "munge", "log", "ctld-state", "slurmd-spool")
 PORT_ATTEMPTS = 3
 """How often :meth:`LocalSlurm.start` chooses new ports when one was taken meanwhile."""
 _PORT_TAKEN = "Address already in use"
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct TCP ports that are free on ``host`` right now."""
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def node_hardware() -> str:

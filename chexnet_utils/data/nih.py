@@ -39,6 +39,7 @@ from chexnet_utils.data.labels import (
     labels_to_multihot,
     parse_finding_labels,
 )
+from chexnet_utils.platform.atomic import write_text_atomic
 
 CSV_NAME = "Data_Entry_2017.csv"
 TRAIN_VAL_LIST = "train_val_list.txt"
@@ -254,8 +255,9 @@ def read_split_list(path: Path | str) -> list[str]:
 
 
 def write_split_list(path: Path | str, names: Iterable[str]) -> None:
-    """Write one image name per line, as NIH's split lists are written."""
-    Path(path).write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
+    """Write one image name per line, as NIH's split lists are written (atomically: a reader
+    sees the old list or the new one)."""
+    write_text_atomic(path, "".join(f"{n}\n" for n in names))
 
 
 def find_images(data_dir: Path | str) -> dict[str, Path]:

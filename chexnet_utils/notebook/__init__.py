@@ -8,8 +8,11 @@
   learner writes the code, the check runs it;
 - :mod:`~chexnet_utils.notebook.tutorial`: ``make tutorial``: execute every notebook headless,
   export HTML, print the results;
-- :mod:`~chexnet_utils.notebook.nbtools`: keeping notebooks clean in git: no outputs except the
-  ones nbval checks.
+- :mod:`~chexnet_utils.notebook.clean`: keeping notebooks clean in git: no outputs except the
+  ones nbval checks (``python -m chexnet_utils nbclean``).
+
+The suite's own tools (the notebook linters, the closing table, the headless JupyterLab, the
+packet sniffer) are repository tooling: ``tests/support/``.
 
 Importing the wing imports none of them (and no TensorFlow):
 ``from chexnet_utils.notebook import tables``

@@ -6,6 +6,7 @@
   the new one, never half of one;
 - :mod:`~chexnet_utils.platform.timing`: the stopwatch under every measurement: pull, wait,
   count, alternate; the engines' barrier-to-barrier clock;
+- :mod:`~chexnet_utils.platform.ports`: free TCP ports (the one ``free_port``);
 - :mod:`~chexnet_utils.platform.checks`: argument checks shared by the package's public
   functions;
 - :mod:`~chexnet_utils.platform.exposure`: who can reach what a process listens on: the gate

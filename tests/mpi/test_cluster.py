@@ -12,7 +12,7 @@ import pytest
 from chexnet_utils.cluster.distributed import (ENGINE_HEARTBEAT_MISSES, HEARTBEAT_MS, EngineFailure,
                                        MPICluster, rank_info)
 from chexnet_utils.platform.processes import alive
-from tests.listeners import ss_listeners
+from tests.support.listeners import ss_listeners
 
 pytestmark = pytest.mark.mpi
 # the engines cannot import this test module: send its functions by value

@@ -91,7 +91,7 @@ def cluster():
     from chexnet_utils.cluster.distributed import MPICluster
 
     with MPICluster(n=2, env={"HOROVOD_TIMELINE": "DYNAMIC"}) as c:
-        ports = c.run(comm.free_local_port)
+        ports = c.run(comm.free_port)
         # MultiWorkerMirroredStrategy first: before any other TensorFlow op in the engines
         setup = c.run(comm.mwms_setup_on_engine, ports, timeout=120)
         assert [s["replicas"] for s in setup] == [2, 2]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from chexnet_utils.cli import main
-from tests.proctree import Command, cmdline_of, signal_and_check
+from tests.support.proctree import Command, cmdline_of, signal_and_check
 
 SIGNALS = [pytest.param(signal.SIGTERM, id="SIGTERM"), pytest.param(signal.SIGKILL, id="SIGKILL")]
 SYNTH = ["--n", "240", "--size", "512", "--seed", "3", "--workers", "2"]
@@ -187,7 +187,7 @@ def test_tutorial(run, tmp_path, sig):
 def test_lab(run, tmp_path, sig):
     import secrets
 
-    from chexnet_utils.lab import free_port
+    from chexnet_utils.platform.ports import free_port
 
     port, token = free_port(), secrets.token_hex(16)
     state = tmp_path / "jupyter"
@@ -232,8 +232,8 @@ def test_a_killed_or_orphaned_kernel_leaves_no_cluster_behind(tmp_path):
     """
     from jupyter_client import BlockingKernelClient
 
-    from chexnet_utils.lab import LabServer
-    from tests.proctree import ProcessTree
+    from tests.support.lab_server import LabServer
+    from tests.support.proctree import ProcessTree
 
     profiles: list[Path] = []
 

@@ -23,7 +23,7 @@ import pytest
 
 from chexnet_utils.platform.exposure import private_network_command
 from chexnet_utils.platform.processes import alive
-from tests.listeners import Listener, ss_listeners
+from tests.support.listeners import Listener, ss_listeners
 
 pytestmark = pytest.mark.mpi
 
@@ -36,7 +36,7 @@ INSIDE = r"""
 import json, subprocess, sys
 from chexnet_utils.cluster.distributed import MPICluster
 from chexnet_utils.input.tfdata_service import TFDataService
-from tests.listeners import ss_listeners
+from tests.support.listeners import ss_listeners
 
 with MPICluster(n=1) as cluster, TFDataService(num_workers=1) as svc:
     ranks = cluster.run(lambda: __import__("os").environ.get("OMPI_COMM_WORLD_RANK"))

@@ -20,7 +20,7 @@ import pytest
 
 from chexnet_utils.cluster.remote_engines import RemoteEngines
 from chexnet_utils.platform.processes import alive
-from chexnet_utils.sniff import PacketCapture
+from tests.support.sniff import PacketCapture
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="needs root and iproute2 (network namespaces)")

@@ -23,7 +23,7 @@ from chexnet_utils.cluster.slurm import slurm_missing_reason
 from chexnet_utils.cluster.slurm_access import invoking_user, loopback_bind_address
 from chexnet_utils.cluster.slurm_local import LocalSlurm
 from chexnet_utils.platform.processes import alive, wait_pids_gone
-from tests.listeners import ss_listeners
+from tests.support.listeners import ss_listeners
 
 pytestmark = pytest.mark.mpi
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

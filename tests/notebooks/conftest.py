@@ -1,7 +1,7 @@
 """What the browser tests share (test_browser.py, test_learner_session.py): one JupyterLab and
 one headless Chromium for the whole folder, and where the screenshots go.
 
-JupyterLab is started as ``make lab`` starts it (:class:`chexnet_utils.lab.LabServer`, the same
+JupyterLab is started as ``make lab`` starts it (:class:`tests.support.lab_server.LabServer`, the same
 arguments) over a temporary folder: a copy of ``notebooks/`` (so the committed notebooks get
 no kernel metadata, autosave or checkpoints) and an empty ``scratch/`` folder for notebooks
 the tests write. Its kernels are culled after :data:`CULL_IDLE_S` idle seconds without a
@@ -25,8 +25,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from chexnet_utils.lab import LabServer
-from tests.proctree import cmdline_of
+from tests.support.lab_server import LabServer
+from tests.support.proctree import cmdline_of
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -23,10 +23,10 @@ import pytest
 
 from chexnet_utils import lab as lab_module
 from chexnet_utils.lab import (CULL_IDLE_S, LAB_OVERRIDES, MPI_PROFILE, PROJECT_KERNEL,
-                               PROJECT_KERNEL_DISPLAY, SIDEBAR_ENGINES, LabServer, heading_text,
-                               install_lab_overrides, install_mpi_profile, lab_args, main,
-                               notebook_title)
+                               PROJECT_KERNEL_DISPLAY, SIDEBAR_ENGINES, install_lab_overrides,
+                               install_mpi_profile, lab_args, main)
 from tests.notebooks.conftest import NOTEBOOKS
+from tests.support.lab_server import LabServer, heading_text, notebook_title
 
 TIMEOUT_MS = 90_000   # per notebook: JupyterLab's first load on a busy 2-core machine
 

@@ -14,7 +14,7 @@ Parallel sidebar, and reads what the page shows:
    package's one-line message, and the next ``%%px`` cell prints on both ranks again;
 4. Kernel > Restart Kernel...: within a bound no process the old kernel started (controller,
    ``mpiexec``, engines, nannies, the watchdog) is alive, checked by pid
-   (:class:`tests.proctree.ProcessTree`, as the kill tests do);
+   (:class:`tests.support.proctree.ProcessTree`, as the kill tests do);
 5. a new cluster, then the notebook's tab is closed: the kernel is shut down (the project's
    ``kernelShutdown`` default), and the same pid check;
 6. the sidebar's ``chexnet-mpi`` card: START, the card's "<>" button writes the connection
@@ -44,10 +44,10 @@ from urllib.parse import quote
 import psutil
 import pytest
 
-from chexnet_utils.lab import (MPI_PROFILE, PROJECT_KERNEL, PROJECT_KERNEL_DISPLAY, LabServer,
-                               notebook_title)
+from chexnet_utils.lab import MPI_PROFILE, PROJECT_KERNEL, PROJECT_KERNEL_DISPLAY
 from tests.notebooks.conftest import CULL_IDLE_S, CULL_INTERVAL_S
-from tests.proctree import ProcessTree, cmdline_of
+from tests.support.lab_server import LabServer, notebook_title
+from tests.support.proctree import ProcessTree, cmdline_of
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from chexnet_utils.notebook.nbtools import (PROSE_NUMBER_OK, clean_notebook, hygiene_problems,
-                                   prose_number_problems, unlabelled_numbers)
+from chexnet_utils.notebook.clean import clean_notebook
+from tests.support.notebook_lint import (PROSE_NUMBER_OK, hygiene_problems, prose_number_problems,
+                                         unlabelled_numbers)
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -136,7 +137,7 @@ def test_saved_widget_state_is_a_problem_and_cleaning_removes_it(tmp_path):
 
 
 def test_wall_time_table_sums_per_notebook_and_judges_the_budget():
-    from chexnet_utils.notebook.nbtools import format_wall_times, notebook_of
+    from tests.support.suite_times import format_wall_times, notebook_of
 
     assert notebook_of("notebooks/02_x.ipynb::Cell 3") == "notebooks/02_x.ipynb"
     assert notebook_of("tests/test_a.py::test_b[x.ipynb]") is None
@@ -154,7 +155,7 @@ def test_wall_time_table_sums_per_notebook_and_judges_the_budget():
 
 
 def test_cpu_use_is_read_from_proc_stat_and_shown_per_row(tmp_path):
-    from chexnet_utils.notebook.nbtools import busy_share, cpu_ticks, format_wall_times
+    from tests.support.suite_times import busy_share, cpu_ticks, format_wall_times
 
     stat = tmp_path / "stat"
     #                 user nice system idle iowait irq softirq steal guest guest_nice
@@ -176,7 +177,7 @@ def test_cpu_use_is_read_from_proc_stat_and_shown_per_row(tmp_path):
 def test_cpu_work_gives_the_least_wall_time_any_schedule_needs():
     """The stages' CPU-seconds (wall x busy share x CPUs) over the CPUs: below that no
     overlap of the stages can go; over the budget, only less work meets it."""
-    from chexnet_utils.notebook.nbtools import work_floor_note
+    from tests.support.suite_times import work_floor_note
 
     note = work_floor_note({"notebook stage": (600.0, 0.75), "tests stage": (500.0, 0.9)}, 2, 15)
     assert note is not None and note.startswith("CPU work: 1800 CPU-seconds")
@@ -189,7 +190,7 @@ def test_cpu_work_gives_the_least_wall_time_any_schedule_needs():
 
 
 def test_layer_table_splits_setup_call_teardown():
-    from chexnet_utils.notebook.nbtools import format_layer_times, layer_of_test
+    from tests.support.suite_times import format_layer_times, layer_of_test
     assert layer_of_test("tests/mpi/test_cluster.py::test_x") == "mpi"
     assert layer_of_test("notebooks/04_x.ipynb::Cell 3") == "nbval"
     assert layer_of_test("conftest.py::x") == "other"
@@ -227,7 +228,7 @@ def test_make_test_prints_the_wall_time_table(tmp_path):
     assert "% busy" in out.stdout and "CPU use (busy share" in out.stdout
     assert "CPU work: " in out.stdout and "however the stages are scheduled" in out.stdout
     # as make test's second stage: the first one's wall time and CPU share are in the file
-    from chexnet_utils.notebook.nbtools import write_stage_time
+    from tests.support.suite_times import write_stage_time
 
     times = tmp_path / "times.json"
     write_stage_time(times, "tests", 480.0, workers=2, cpu_busy=0.9)
@@ -247,7 +248,7 @@ def test_stage_times_hand_the_tests_stage_wall_time_to_the_notebook_stage(tmp_pa
     tests stage writes its own, the notebook stage reads it for the suite's total."""
     import pytest
 
-    from chexnet_utils.notebook.nbtools import format_wall_times, read_stage_times, write_stage_time
+    from tests.support.suite_times import format_wall_times, read_stage_times, write_stage_time
 
     times = tmp_path / "times.json"
     assert read_stage_times(times) == {}

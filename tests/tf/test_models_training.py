@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.datasets import synthetic_tfrecords
+from tests.support.datasets import synthetic_tfrecords
 
 from chexnet_utils import training as T
 from chexnet_utils.cli import main

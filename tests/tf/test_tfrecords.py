@@ -15,7 +15,7 @@ from chexnet_utils.cli import main
 from chexnet_utils.data import tfrecords as T
 from chexnet_utils.data.labels import labels_to_multihot
 from chexnet_utils.data.nih import NIHDataset
-from tests.datasets import image_path, make_dataset, read_all, split_lines
+from tests.support.datasets import image_path, make_dataset, read_all, split_lines
 
 
 @pytest.fixture(scope="module")

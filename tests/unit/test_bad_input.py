@@ -32,9 +32,10 @@ from chexnet_utils.data import tfrecords as T
 from chexnet_utils.data.nih import CSV_NAME, TRAIN_VAL_LIST, DataFormatError, read_data_entry
 from chexnet_utils.data.tfrecords import images
 from chexnet_utils.data.tfrecords.wire import read_records, write_records
-from chexnet_utils.notebook import nbtools, results
+from chexnet_utils.notebook import clean, results
 from chexnet_utils.platform import atomic
-from tests.datasets import image_path, make_dataset
+from tests.support import suite_times
+from tests.support.datasets import image_path, make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,11 +119,11 @@ def test_non_finite_numbers_are_refused_naming_the_variable(var, raw):
 @pytest.mark.parametrize("raw", ["twenty", "nan", "inf", "0", "-5"])
 def test_a_bad_test_budget_is_refused_before_the_run(raw):
     with pytest.raises(ValueError) as info:
-        nbtools.budget_minutes({"CHEXNET_TEST_BUDGET_MIN": raw})
+        suite_times.budget_minutes({"CHEXNET_TEST_BUDGET_MIN": raw})
     assert str(info.value) == \
         f"CHEXNET_TEST_BUDGET_MIN={raw!r} is not a positive number of minutes"
-    assert nbtools.budget_minutes({}) == 15
-    assert nbtools.budget_minutes({nbtools.BUDGET_ENV: "3.5"}) == 3.5
+    assert suite_times.budget_minutes({}) == 15
+    assert suite_times.budget_minutes({suite_times.BUDGET_ENV: "3.5"}) == 3.5
 
 
 def test_a_bad_test_budget_stops_pytest_at_start_up(monkeypatch):
@@ -358,7 +359,7 @@ def test_an_interrupted_nbclean_keeps_the_committed_notebook(tmp_path, monkeypat
 
     monkeypatch.setattr(nbformat, "write", half_write)
     with pytest.raises(KeyboardInterrupt):
-        nbtools.clean_notebook(nb)
+        clean.clean_notebook(nb)
     assert nb.read_bytes() == before and os.listdir(tmp_path) == ["x.ipynb"]
 
 

@@ -101,7 +101,7 @@ def test_every_presets_scaling_warmup_outlasts_the_old_pipelines_stock():
 def test_bench_preset_compares_only_the_presets_overrides():
     """``make bench-preset`` (scripts/bench_preset.py) runs a notebook under two settings of
     the preset's environment overrides; anything else would not change what it times."""
-    from tests.scripts import load_script
+    from tests.support.scripts import load_script
 
     bench = load_script("bench_preset")
     assert bench.parse_env(["CHEXNET_BENCH_BATCHES=5", "CHEXNET_FEEDING_BATCHES=8"]) == {

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from tests.datasets import synthetic_tfrecords
+from tests.support.datasets import synthetic_tfrecords
 
 from chexnet_utils import comm
 from chexnet_utils.bench import benchmark

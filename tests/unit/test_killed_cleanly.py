@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from chexnet_utils.platform import processes as P
-from tests.proctree import ProcessTree
+from tests.support.proctree import ProcessTree
 
 
 # ---- the pieces ----------------------------------------------------------------------------

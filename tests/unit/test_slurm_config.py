@@ -13,7 +13,8 @@ import pytest
 from chexnet_utils.cluster import slurm as S
 from chexnet_utils.cluster import slurm_access, slurm_local
 from chexnet_utils.cluster.slurm_engines import SlurmCluster
-from chexnet_utils.cluster.slurm_local import LocalSlurm, free_ports, slurm_conf
+from chexnet_utils.cluster.slurm_local import LocalSlurm, slurm_conf
+from chexnet_utils.platform.ports import free_ports
 
 HW = "CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=1000"
 

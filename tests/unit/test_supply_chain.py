@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scripts import load_script
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGESTS = ROOT / "scripts" / "digests.sh"

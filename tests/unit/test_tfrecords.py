@@ -28,7 +28,7 @@ from chexnet_utils.data.nih import (
     write_split_list,
 )
 from chexnet_utils.data.tfrecords import plan
-from tests.datasets import image_path, make_dataset, read_all, shard_bytes, split_lines
+from tests.support.datasets import image_path, make_dataset, read_all, shard_bytes, split_lines
 
 
 @pytest.fixture

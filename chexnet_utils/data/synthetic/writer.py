@@ -224,8 +224,8 @@ def generate_dataset(
     png_bytes = sum(p.stat().st_size for p in targets.values())
     with atomic_path(root / nih.CSV_NAME) as tmp:
         nih.write_data_entry(tmp, records)
-    write_text_atomic(root / nih.TRAIN_VAL_LIST, "".join(f"{x}\n" for x in train_val))
-    write_text_atomic(root / nih.TEST_LIST, "".join(f"{x}\n" for x in test))
+    nih.write_split_list(root / nih.TRAIN_VAL_LIST, train_val)
+    nih.write_split_list(root / nih.TEST_LIST, test)
     extra = {"images": n, "patients": len({r.patient_id for r in records}),
              "train_val": len(train_val), "test": len(test), "png_bytes": png_bytes}
     write_text_atomic(root / MARKER_NAME,
