@@ -371,7 +371,9 @@ def _record_many(args: tuple[str, str, int]) -> None:
 
 def test_concurrent_results_records_lose_nothing(tmp_path):
     path = tmp_path / "results.json"
-    with multiprocessing.get_context("fork").Pool(3) as pool:
+    # spawn, not fork: a fork of this multi-threaded pytest process can deadlock a worker on
+    # a lock some thread held (seen: a serial unit run hung here in futex_wait)
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
         pool.map(_record_many, [(str(path), nb, 15) for nb in ("01", "02", "03")])
     data = json.loads(path.read_text())
     assert {nb: len(v) for nb, v in data.items()} == {"01": 15, "02": 15, "03": 15}
