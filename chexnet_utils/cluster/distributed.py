@@ -138,11 +138,11 @@ def launcher_command(launcher: str, n_procs: int, argv: Sequence[str]) -> list[s
 
 
 def rank_info() -> dict[str, object]:
-    """``hvd.init()``, pin this process (:func:`~chexnet_utils.hardware.devices.pin_process`), describe it.
+    """``hvd.init()``, pin this process (:func:`~chexnet_utils.hardware.devices.pin_process`),
+    describe it.
 
     Returns rank, size, local rank, local size, host name, pid and the placement. Run it in
-    every process (``mpirun -np N python -m chexnet_utils whoami``, or on ipyparallel engines).
-    """
+    every process (``mpirun -np N python -m chexnet_utils whoami``, or on ipyparallel engines)."""
     import socket
 
     import horovod.tensorflow as hvd
@@ -432,8 +432,12 @@ class MPICluster:
                                              dir=self.profile_parent)
         os.chmod(self._profile_dir, 0o700)
         cfg = Config()
-        from chexnet_utils.platform.processes import (LIFELINE_ENV, lifeline_tokens, start_watchdog,
-                                             watchdog_remove_on_death)
+        from chexnet_utils.platform.processes import (
+            LIFELINE_ENV,
+            lifeline_tokens,
+            start_watchdog,
+            watchdog_remove_on_death,
+        )
 
         self.lifeline = f"ipp-{os.getpid()}-{secrets.token_hex(4)}"
         self._watchdog = start_watchdog(os.getpid(), self.lifeline)
@@ -458,7 +462,8 @@ class MPICluster:
             self.stop()
             raise
         self.start_seconds = time.perf_counter() - t0
-        from chexnet_utils.platform.exposure import announce_reach  # mpiexec listens on every interface
+        # mpiexec listens on every interface
+        from chexnet_utils.platform.exposure import announce_reach
 
         self.exposure = announce_reach("mpiexec's out-of-band listener", "[MPICluster]")
         return self
@@ -547,8 +552,12 @@ class MPICluster:
         import time
         from contextlib import suppress
 
-        from chexnet_utils.platform.processes import (pid_alive, release_watchdog,
-                                             remove_orphan_shm_segments, stop_within)
+        from chexnet_utils.platform.processes import (
+            pid_alive,
+            release_watchdog,
+            remove_orphan_shm_segments,
+            stop_within,
+        )
 
         t0 = time.perf_counter()
         if self.cluster is not None:
@@ -581,8 +590,9 @@ class MPICluster:
     def _terminate_local_engines(self, timeout: float = 2.0) -> list[Any]:
         """SIGTERM the engines below this cluster's ``mpiexec``, wait up to ``timeout`` s, SIGKILL
         the rest (a busy engine ignores SIGTERM), as ``mpiexec`` would in 2 s whatever they do
-        (:data:`chexnet_utils.platform.processes.MPIEXEC_KILL_SEQUENCE`). Engines elsewhere (another host,
-        a Slurm job) are left to their launcher. Returns those that outlived the SIGTERM."""
+        (:data:`chexnet_utils.platform.processes.MPIEXEC_KILL_SEQUENCE`). Engines elsewhere
+        (another host, a Slurm job) are left to their launcher. Returns those that outlived the
+        SIGTERM."""
         from ipyparallel.cluster.launcher import MPILauncher
 
         from chexnet_utils.platform.processes import stop_within, terminate_below
