@@ -18,13 +18,14 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup test unit tf mpi notebooks tutorial lab browser-check data bench bench-cluster bench-preset fresh-check nonroot-check gpu-build-check lock python-matrix clean distclean
+.PHONY: help setup lint test unit tf mpi notebooks tutorial lab browser-check data bench bench-cluster bench-preset fresh-check nonroot-check gpu-build-check lock python-matrix clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
 	@echo "make test       set up, run tests/ on 2 parallel workers, then every notebook under nbval alone"
 	@echo "make lab        set up and start JupyterLab with the project kernel (PRIVATE=1: in a network namespace of your own)"
 	@echo "make browser-check  every notebook in headless Chromium, a learner's session (run, interrupt, restart, sidebar) -> $(BUILD)/browser/*.png"
+	@echo "make lint       ruff and the import layers (import-linter); make test runs it first"
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
 	@echo "make bench      conversion, old vs new pipeline, tf.data service, Horovod scaling -> $(BUILD)/bench-*.json"
@@ -50,7 +51,15 @@ setup:
 #      under xdist). Its closing table adds stage 1's wall time (handed over in a temporary
 #      file) and judges the total against the 15-minute budget.
 TEST_WORKERS ?= 2
-test: setup
+# make lint (make test's first step, a second or two): ruff (pycodestyle, pyflakes, bugbear,
+# complexity, import order, no private imports across modules: [tool.ruff] in pyproject.toml)
+# and import-linter (the package's layers, function-local imports included:
+# [tool.importlinter]). Neither leaves a cache folder behind.
+lint: setup
+	"$(PY)" -m ruff check --no-cache chexnet_utils tests conftest.py scripts tools
+	"$(dir $(PY))lint-imports" --no-cache
+
+test: setup lint
 	@times=$$(mktemp); trap 'rm -f "$$times"' EXIT; rc=0; \
 	CHEXNET_TEST_TIMES="$$times" "$(PY)" -m pytest tests -n $(TEST_WORKERS) --dist loadscope \
 	  --durations=25 $(PYTEST_ARGS) || rc=$$?; \

@@ -25,9 +25,18 @@ from collections import defaultdict
 import pytest
 
 from chexnet_utils.platform.processes import command_lifetime
-from tests.support.suite_times import (budget_minutes, busy_share, cpu_ticks, format_layer_times,
-                                       format_wall_times, layer_of_test, notebook_of,
-                                       read_stage_times, work_floor_note, write_stage_time)
+from tests.support.suite_times import (
+    budget_minutes,
+    busy_share,
+    cpu_ticks,
+    format_layer_times,
+    format_wall_times,
+    layer_of_test,
+    notebook_of,
+    read_stage_times,
+    work_floor_note,
+    write_stage_time,
+)
 
 TIMES_ENV = "CHEXNET_TEST_TIMES"
 

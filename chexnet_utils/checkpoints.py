@@ -27,7 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chexnet_utils.platform.atomic import create_temp, fsync_dir, fsync_file, json_safe, write_json_atomic
+from chexnet_utils.platform.atomic import (
+    create_temp,
+    fsync_dir,
+    fsync_file,
+    json_safe,
+    write_json_atomic,
+)
 
 if TYPE_CHECKING:
     import keras

@@ -31,7 +31,6 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -139,9 +138,9 @@ def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_service(args: argparse.Namespace) -> int:
+    from chexnet_utils.bench.service import bench_service, format_bench_service
     from chexnet_utils.config import scale
     from chexnet_utils.data.prepare import prepare_tfrecords
-    from chexnet_utils.bench.service import bench_service, format_bench_service
 
     tfr = args.tfrecords or prepare_tfrecords(None, progress=False)
     result = bench_service(
@@ -314,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("envcheck", help="versions and Horovod build capabilities")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--require", default="",
-                   help="comma list of capabilities that must be present, e.g. tensorflow,mpi,gloo")
+                   help="comma list of capabilities that must be present, "
+                        "e.g. tensorflow,mpi,gloo")
     p.set_defaults(handler=_cmd_envcheck)
 
     p = sub.add_parser("data", help="make sure the data set for CHEXNET_SCALE exists")
@@ -429,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="untimed steps before each run (default 20: enough for the old "
                         "pipeline's prefetched batches to run out)")
     b.add_argument("--repeats", type=int, default=1, help="runs per setting (default 1)")
-    b.add_argument("--bind-to", default="core", help="mpiexec --bind-to (default core; none = unbound)")
+    b.add_argument("--bind-to", default="core",
+                   help="mpiexec --bind-to (default core; none = unbound)")
     b.add_argument("--map-by", default=None, help="mpiexec --map-by, e.g. socket")
     b.add_argument("--emulate-accelerator", type=float, default=None, metavar="MS",
                    help="also time an emulated accelerator taking MS per step (the CPU "
@@ -517,7 +518,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         require_writable_dir(args.out)
 
 
-def _error_line(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
     """What is printed for an error: ``<file>: <reason>`` for an operating-system error
     about a file (no ``[Errno N]``), the message otherwise."""
     if isinstance(e, OSError) and e.strerror:
@@ -538,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_outputs(args)
             return handler(args)
         except (ValueError, OSError, RuntimeError) as e:  # bad input, a read-only or full disk
-            print(f"error: {_error_line(e)}", file=sys.stderr)
+            print(f"error: {error_line(e)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as e:
             print(f"\ninterrupted by {interruption(e)}: stopped its workers; finished work is "

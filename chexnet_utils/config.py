@@ -8,9 +8,11 @@
     GPU) or ``gpu-node`` (a node with several GPUs and the real data set).
 ``CHEXNET_WORK_DIR``
     Where derived files (TFRecords, checkpoints, logs, figures) go; default ``build/``.
-``CHEXNET_EPOCHS``, ``CHEXNET_BENCH_BATCHES``, ``CHEXNET_FEEDING_BATCHES``, ``CHEXNET_BENCH_REPEATS``, ``CHEXNET_BENCH_STEPS``, ``CHEXNET_ACCEL_MS``, ``CHEXNET_WORKERS``, ``CHEXNET_COMM_MAX_MB``
-    Override one field of the preset (:data:`OVERRIDES`): epochs of the training notebooks,
-    batches timed per input-pipeline measurement of notebook 02 and per measurement of
+``CHEXNET_EPOCHS``, ``CHEXNET_BENCH_BATCHES``, ... ``CHEXNET_COMM_MAX_MB`` (:data:`OVERRIDES`)
+    ``CHEXNET_EPOCHS``, ``CHEXNET_BENCH_BATCHES``, ``CHEXNET_FEEDING_BATCHES``,
+    ``CHEXNET_BENCH_REPEATS``, ``CHEXNET_BENCH_STEPS``, ``CHEXNET_ACCEL_MS``, ``CHEXNET_WORKERS``
+    and ``CHEXNET_COMM_MAX_MB`` each override one field of the preset: epochs of the training
+    notebooks, batches timed per input-pipeline measurement of notebook 02 and per measurement of
     notebook 07, repeats of each measurement, training steps
     timed per throughput measurement, the emulated accelerator's milliseconds per step, the
     largest number of Horovod engines and the largest tensor (MiB) of the allreduce sweeps
@@ -93,8 +95,8 @@ class Scale:
     accel_ms: float = 20.0
     """Milliseconds of emulated accelerator work per step (notebook 04)."""
     comm_max_mb: float = 128.0
-    """Largest tensor, in MiB, of notebook 05's allreduce sweeps and notebook 06's fp16 sizes (1 KiB, 2 KiB, ... up to it;
-    :func:`chexnet_utils.collectives.default_max_bytes`)."""
+    """Largest tensor, in MiB, of notebook 05's allreduce sweeps and notebook 06's fp16 sizes
+    (1 KiB, 2 KiB, ... up to it; :func:`chexnet_utils.collectives.default_max_bytes`)."""
     comm_repeats: int = 10
     """Timed repeats per tensor size of the allreduce sweeps (05), fp16 sizes and tensor-fusion
     bursts (06) (the fastest and the median are reported)."""
@@ -127,8 +129,8 @@ class Scale:
 
 SCALES: dict[str, Scale] = {
     "ci": Scale("ci", n_images=600, source_size=1024, image_size=128, arch="small",
-                batch_size=16, epochs=5, max_workers=2, shard_size=32, bench_batches=5, bench_repeats=2,
-                bench_steps=6, scaling_batch_size=8, scaling_warmup_steps=16,
+                batch_size=16, epochs=5, max_workers=2, shard_size=32, bench_batches=5,
+                bench_repeats=2, bench_steps=6, scaling_batch_size=8, scaling_warmup_steps=16,
                 comm_max_mb=32.0, comm_repeats=5, comm_image_size=64,
                 comm_cycle_time_clusters=False, feeding_shards=3),
     "workstation": Scale("workstation", n_images=6000, source_size=1024, image_size=224,
@@ -136,8 +138,8 @@ SCALES: dict[str, Scale] = {
                          shard_size=256, comm_max_mb=128.0),
     "gpu-node": Scale("gpu-node", n_images=20000, source_size=1024, image_size=224,
                       arch="densenet121", batch_size=32, epochs=10, max_workers=8,
-                      shard_size=None, bench_batches=50, feeding_batches=50, bench_steps=50, scaling_batch_size=32,
-                      scaling_warmup_steps=40, comm_max_mb=256.0),
+                      shard_size=None, bench_batches=50, feeding_batches=50, bench_steps=50,
+                      scaling_batch_size=32, scaling_warmup_steps=40, comm_max_mb=256.0),
 }
 
 OVERRIDES: dict[str, tuple[str, type]] = {

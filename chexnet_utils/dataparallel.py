@@ -1,9 +1,9 @@
 """The data-parallel seams of training: what turns one Keras worker into one of N (Horovod).
 
 :func:`chexnet_utils.training.train` with ``distributed=True``, the engine step timers of
-:mod:`chexnet_utils.bench.steptimer` and :mod:`chexnet_utils.bench.scaling`, and the GPU node checks of
-:mod:`chexnet_utils.bench.gpu_node` all use these, so that every measured step is the step that
-training takes. Which of the six Horovod changes each one is:
+:mod:`chexnet_utils.bench.steptimer` and :mod:`chexnet_utils.bench.scaling`, and the GPU node
+checks of :mod:`chexnet_utils.bench.gpu_node` all use these, so that every measured step is the
+step that training takes. Which of the six Horovod changes each one is:
 
 * :func:`init_world` - ``hvd.init()`` and one device (or thread budget) per process
   (changes 1 and 2); ``(0, 1)`` when not distributed;
@@ -100,7 +100,7 @@ def allreduce_mean(values: dict[str, float]) -> dict[str, float]:
         return {}
     stacked = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
     averaged = hvd.allreduce(stacked, op=hvd.Average, name="chexnet_epoch_metrics")
-    return dict(zip(keys, (float(v) for v in averaged.numpy())))
+    return dict(zip(keys, (float(v) for v in averaged.numpy()), strict=True))
 
 
 def weights_checksum(model: keras.Model, trainable_only: bool = True) -> str:

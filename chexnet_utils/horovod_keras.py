@@ -1,7 +1,8 @@
 """Horovod with Keras 3: the patterns that average gradients, the one that silently does not,
 and the check that catches workers drifting apart.
 
-Measured with Horovod 0.28.1 on Keras 3 (TensorFlow backend), 2 ranks (tests/mpi/test_horovod_keras.py):
+Measured with Horovod 0.28.1 on Keras 3 (TensorFlow backend), 2 ranks
+(tests/mpi/test_horovod_keras.py):
 
 (a) **a training step with ``hvd.DistributedGradientTape``** works when the tape is asked for
     the gradients of the *backing* ``tf.Variable`` of each Keras 3 variable,
@@ -456,7 +457,7 @@ def join_trial(train_all: Callable[[Any, Any, Any], Any], batches_by_rank: Seque
             loss = loss_fn(labels, model(images, training=True))
         tape = hvd.DistributedGradientTape(tape)
         grads = tape.gradient(loss, [v.value for v in model.trainable_variables])
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
     ran = [0]

@@ -35,7 +35,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-
 PROJECT_KERNEL = "chexnet-at-scale"
 """Name of the kernel ``scripts/setup.sh`` registers (``KERNEL_NAME`` there)."""
 PROJECT_KERNEL_DISPLAY = "Python (chexnet-at-scale)"
@@ -84,8 +83,8 @@ def configure_mpi_profile(c: object, n: int = SIDEBAR_ENGINES) -> None:
     """Fill an ``ipcluster_config.py``'s ``c`` (``get_config()``) so that a cluster of this
     profile, started from the IPython Parallel sidebar (or ``ipcluster start --profile
     chexnet-mpi``), is what ``MPICluster(n)`` starts
-    (:meth:`~chexnet_utils.cluster.distributed.MPICluster.ipyparallel_config`): MPI engines under one
-    ``mpiexec``, so Horovod finds its peers; unbound, as ``horovodrun`` leaves them; shared
+    (:meth:`~chexnet_utils.cluster.distributed.MPICluster.ipyparallel_config`): MPI engines under
+    one ``mpiexec``, so Horovod finds its peers; unbound, as ``horovodrun`` leaves them; shared
     memory between ranks; the controller on loopback; as root, Open MPI's allow-root
     switches; a thread budget for ``n`` engines. ``--oversubscribe`` is always passed: the
     sidebar's dialog may ask for more engines than there are cores."""
@@ -96,7 +95,8 @@ def configure_mpi_profile(c: object, n: int = SIDEBAR_ENGINES) -> None:
         setattr(c.Cluster, name, value)  # type: ignore[attr-defined]
 
 
-PROFILE_CONFIG = f'''"""ipyparallel profile "{MPI_PROFILE}": MPI engines ready for Horovod, as MPICluster starts them.
+PROFILE_CONFIG = (f'''"""ipyparallel profile "{MPI_PROFILE}": MPI engines ready for Horovod, '''
+                  f'''as MPICluster starts them.
 
 Written by chexnet_utils.lab (make lab) and rewritten there: edit the package, not this file.
 Start it from JupyterLab's IPython Parallel sidebar, or: ipcluster start --profile {MPI_PROFILE}
@@ -104,7 +104,7 @@ Start it from JupyterLab's IPython Parallel sidebar, or: ipcluster start --profi
 from chexnet_utils.lab import configure_mpi_profile
 
 configure_mpi_profile(get_config())  # noqa: F821 (given by the config loader)
-'''
+''')
 
 
 def install_mpi_profile(ipython_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -144,9 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Runs ``jupyter lab`` on loopback with the project kernel; other options are passed
     through (``--port 8801``; ``JUPYTER_PORT`` works too). Ctrl-C and SIGTERM stop the
     server (it shuts its kernels down); kernels, engines and anything else started from the
-    lab do not outlive this command, even if it is killed (:mod:`chexnet_utils.platform.processes`).
-    First it (re)writes the ``chexnet-mpi`` profile into the IPython folder and this
-    environment's JupyterLab defaults (:func:`install_mpi_profile`,
+    lab do not outlive this command, even if it is killed
+    (:mod:`chexnet_utils.platform.processes`). First it (re)writes the ``chexnet-mpi`` profile into
+    the IPython folder and this environment's JupyterLab defaults (:func:`install_mpi_profile`,
     :func:`install_lab_overrides`). Returns the server's exit status (143 after SIGTERM).
     """
     from chexnet_utils.platform.processes import command_lifetime, exit_status, interruption

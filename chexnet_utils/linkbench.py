@@ -119,8 +119,7 @@ def _read_counters(iface: str) -> tuple[int, int]:
 
 def _probe(args: argparse.Namespace) -> int:
     """One rank: counters around ``count_iters`` allreduces, then a timed sweep."""
-    from chexnet_utils.collectives import allreduce_times, barrier, init_horovod, \
-        quiet_tensorflow
+    from chexnet_utils.collectives import allreduce_times, barrier, init_horovod, quiet_tensorflow
 
     quiet_tensorflow()
     import tensorflow as tf
@@ -256,7 +255,8 @@ def run_probe(nodes: TwoNodes, launcher: str = "mpirun", sizes: Sequence[int] = 
     with ``tbf`` (removed again before the probe ends).
 
     ``launcher``: a name of :data:`LAUNCHERS` (``"mpirun"``: Open MPI over the veth with
-    the launch agent; ``"gloo"``: ``horovodrun --gloo``). ``env`` is set for the launcher and forwarded to the ranks.
+    the launch agent; ``"gloo"``: ``horovodrun --gloo``). ``env`` is set for the launcher and
+    forwarded to the ranks.
     """
     argv = ["python", "-m", "chexnet_utils.linkbench", "probe",
             "--sizes", ",".join(str(int(s)) for s in sizes), "--repeats", str(repeats),
@@ -316,7 +316,7 @@ def sweep_summary(sweep: dict[str, Any], tcp_bps: float) -> dict[str, Any]:
     sizes, times = sweep["sizes_bytes"], sweep["times_s"]
     n = int(sweep["size"])
     alpha, beta = fit_alpha_beta(sizes, times, algorithm="ring", n=n)
-    bus = [busbw("ring", s, t, n) for s, t in zip(sizes, times)]
+    bus = [busbw("ring", s, t, n) for s, t in zip(sizes, times, strict=True)]
     return {"sizes_bytes": sizes, "times_s": times, "busbw_Bps": bus,
             "alpha_s": alpha, "beta_s_per_byte": beta,
             "fit_bandwidth_Bps": 1.0 / beta if beta > 0 else float("inf"),
@@ -385,8 +385,9 @@ def predict_shaped(unshaped: dict[str, Any], shaped: dict[str, Any], rate_bit: f
     out: dict[str, Any] = {"alpha_s": alpha}
     for key, beta in (("rate", 8.0 / rate_bit), ("tcp", 1.0 / shaped["tcp_Bps"])):
         pred = [predict_ring(n, s, alpha, beta) for s in sizes]
-        err = [relative_error(p, t) for p, t in zip(pred, times)]
-        big = [abs(e) for s, e in zip(sizes, err) if s >= min_bytes] or [abs(e) for e in err]
+        err = [relative_error(p, t) for p, t in zip(pred, times, strict=True)]
+        big = ([abs(e) for s, e in zip(sizes, err, strict=True) if s >= min_bytes]
+               or [abs(e) for e in err])
         out[key] = {"beta_s_per_byte": beta, "predicted_s": pred, "rel_error": err,
                     "mean_abs_error_large": float(np.mean(big))}
     return out
@@ -524,7 +525,8 @@ def format_link(result: dict[str, Any]) -> str:
 
 
 def link_unavailable() -> str | None:
-    """Why ``bench link`` cannot run here (see :func:`chexnet_utils.cluster.netns.unavailable_reason`)."""
+    """Why ``bench link`` cannot run here (see
+    :func:`chexnet_utils.cluster.netns.unavailable_reason`)."""
     return unavailable_reason()
 
 

@@ -48,7 +48,7 @@ __all__ = ["callback_classes"]
 
 
 @lru_cache(maxsize=None)
-def callback_classes() -> dict[str, type]:
+def callback_classes() -> dict[str, type]:  # noqa: C901 (issue 28 item 3: Keras classes at module level next)
     """The callback classes by name (see the module docstring); created once, on first call."""
     import keras
 
@@ -72,7 +72,8 @@ def callback_classes() -> dict[str, type]:
 
     class Validation(keras.callbacks.Callback):
         """Predict the whole val split at epoch end; add ``val_loss`` and ``val_mean_auroc``
-        (exact, ``models.per_class_auroc``) to the logs, keep the per-class AUROC of every epoch."""
+        (exact, ``models.per_class_auroc``) to the logs, keep the per-class AUROC of every
+        epoch."""
 
         def __init__(self, dataset: tf.data.Dataset, loss_fn: Any,
                      distributed: bool = False) -> None:

@@ -11,16 +11,17 @@ What one call does
 ------------------
 1. Reads the TFRecords manifest: image counts per split and the training label sums (for the
    class weights of the loss and the default ``steps_per_epoch``).
-2. Builds the model (:func:`chexnet_utils.model.models.build_chexnet`), or with ``resume=True`` loads
-   the last checkpoint (weights, optimizer state, learning rate) and continues with the epoch
+2. Builds the model (:func:`chexnet_utils.model.models.build_chexnet`), or with ``resume=True``
+   loads the last checkpoint (weights, optimizer state, learning rate) and continues with the epoch
    after the last finished one.
 3. Trains with ``model.fit`` on :func:`chexnet_utils.input.pipelines.new_approach` (or the old
    approach, ``pipeline="old"``) over the ``train`` shards: Adam, a class-weighted binary
    cross-entropy (:class:`~chexnet_utils.model.models.WeightedBCE`), ``ReduceLROnPlateau`` (factor
    0.1). Notebook 03 writes the same training out in its cells and checks, with op
-   determinism, that it gives the same weights bit for bit. After every epoch the whole validation split is predicted and its exact per-class
-   AUROC computed (rank-based, :func:`chexnet_utils.model.models.binary_auroc`); the best
-   epoch by validation mean AUROC is kept.
+   determinism, that it gives the same weights bit for bit. After every epoch the whole validation
+   split is predicted and its exact per-class AUROC computed (rank-based,
+   :func:`chexnet_utils.model.models.binary_auroc`); the best epoch by validation mean AUROC is
+   kept.
 4. Evaluates the best weights on the test split and writes ``metrics.json``.
 
 Files in ``out_dir``::
@@ -184,8 +185,8 @@ class TrainConfig:
     learning_rate: float = 1e-3
     """Adam's initial learning rate (CheXNet: 1e-3), per worker before ``scale_lr``."""
     pipeline: str = "new"
-    """Training input: ``"new"`` or ``"old"`` (:mod:`chexnet_utils.input.pipelines`). Validation and
-    test always use the new approach in evaluation mode."""
+    """Training input: ``"new"`` or ``"old"`` (:mod:`chexnet_utils.input.pipelines`). Validation
+    and test always use the new approach in evaluation mode."""
     seed: int = 0
     """Seeds Python, numpy and TensorFlow (``keras.utils.set_random_seed``), the shuffles and
     the flips. Runs are repeatable in distribution, not bit for bit: the new pipeline lets a
@@ -268,7 +269,8 @@ class TrainConfig:
             raise ValueError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)}, "
                              f"got {self.lr_scaling!r}")
         if self.allreduce not in ("per_tensor", "grouped"):
-            raise ValueError(f"allreduce must be 'per_tensor' or 'grouped', got {self.allreduce!r}")
+            raise ValueError("allreduce must be 'per_tensor' or 'grouped', "
+                             f"got {self.allreduce!r}")
         if self.warmup_epochs < 0:
             raise ValueError(f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
         if self.plateau_monitor not in ("val_loss", "val_mean_auroc", "loss"):
@@ -329,7 +331,7 @@ def _history_dict(history: list[dict[str, Any]]) -> dict[str, list[float]]:
     return {k: [nan_if_none(row.get(k)) for row in history] for k in keys}
 
 
-def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainResult:
+def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainResult:  # noqa: C901 (issue 28 item 4: broken up next)
     """Train (or resume) CheXNet as ``config`` says; see the module docstring.
 
     ``callbacks`` are extra Keras callbacks, run after the built-in ones (validation, LR

@@ -4,8 +4,8 @@ against ipyparallel's and Open MPI's defaults, side by side in one run (``make b
 * **defaults**: the controller pings every 3000 ms (ipyparallel 9.2 ``HeartMonitor.period``),
   and ``stop()`` leaves the engines to ``mpiexec``, which sends SIGCONT, waits 1 s, SIGTERM,
   waits 1 s, SIGKILL (:data:`chexnet_utils.platform.processes.MPIEXEC_KILL_SEQUENCE`).
-* **project**: :data:`chexnet_utils.cluster.distributed.HEARTBEAT_MS` and the engines SIGTERMed first
-  (``MPICluster._terminate_local_engines``).
+* **project**: :data:`chexnet_utils.cluster.distributed.HEARTBEAT_MS` and the engines SIGTERMed
+  first (``MPICluster._terminate_local_engines``).
 
 The two alternate (A, B, B, A, ...) so that a noisy machine hits both alike; the medians and
 their ratio are printed, and written as JSON with ``--json``. Every cluster also runs one
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:>8}: start {start:5.2f} s, stop {stop:5.2f} s", flush=True)
     med = {k: {"start_s": statistics.median(s for s, _ in v),
                "stop_s": statistics.median(t for _, t in v)} for k, v in runs.items()}
-    for k, m in med.items():
+    for _k, m in med.items():
         m["lifecycle_s"] = m["start_s"] + m["stop_s"]
     ratio = med["defaults"]["lifecycle_s"] / med["project"]["lifecycle_s"]
     print(f"medians of {args.repeats}, {args.engines} {'busy ' if args.busy else ''}engines: "

@@ -31,8 +31,8 @@ from chexnet_utils.platform.processes import command_lifetime, exit_status, inte
 
 
 def run_notebook(path: Path, env: dict[str, str], out_dir: Path, timeout: int) -> float:
-    """:func:`chexnet_utils.notebook.tutorial.execute_notebook` (a fresh kernel, the executed copy in
-    ``out_dir``) with ``env`` added to the kernel's environment; the wall seconds it took.
+    """:func:`chexnet_utils.notebook.tutorial.execute_notebook` (a fresh kernel, the executed copy
+    in ``out_dir``) with ``env`` added to the kernel's environment; the wall seconds it took.
     A failed cell stops the benchmark: its figures would not be the notebook's."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits this process's environment

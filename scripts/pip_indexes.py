@@ -3,8 +3,8 @@
 ``make setup`` installs the hash-locked stack with uv (requirements/uv.txt), which does not
 read pip's configuration; this reads it (``pip config list``: the ``PIP_*`` environment,
 then the configuration files' ``install`` and ``global`` sections, pip's order of precedence)
-and prints ``--no-index``, ``--index-url``, ``--extra-index-url`` and ``--find-links`` for uv, so uv looks
-where pip would. Run with the environment's Python: ``python scripts/pip_indexes.py``.
+and prints ``--no-index``, ``--index-url``, ``--extra-index-url`` and ``--find-links`` for uv, so
+uv looks where pip would. Run with the environment's Python: ``python scripts/pip_indexes.py``.
 """
 
 from __future__ import annotations

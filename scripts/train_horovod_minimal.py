@@ -60,7 +60,7 @@ class HorovodModel(keras.Model):
         tape = hvd.DistributedGradientTape(tape)                     # CHANGE 4: average
         # Keras 3 variables wrap a tf.Variable (.value); Horovod needs the tf.Variable.
         grads = tape.gradient(loss, [v.value for v in self.trainable_variables])
-        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
         for metric in self.metrics:
             if metric.name == "loss":
                 metric.update_state(loss)

@@ -144,7 +144,8 @@ def rewrite_from_imports(text: str, moves: dict[str, str]) -> str:
             out.append(format_import(indent, PACKAGE, stay))
         for parent in sorted(by_parent):
             out.append(format_import(indent, parent, sorted(by_parent[parent])))
-        trailing = "" if m.group("group") is not None else re.search(r"\s*$", m.group("line")).group(0)
+        trailing = ("" if m.group("group") is not None
+                    else re.search(r"\s*$", m.group("line")).group(0))
         return "\n".join(out) + trailing
 
     text = FROM_IMPORT.sub(repl, text)

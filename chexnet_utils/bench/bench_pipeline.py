@@ -14,7 +14,8 @@ them as ``benchmark.X``):
     sharding after decoding (old) and sharding the file names first (new).
 
 Every rate is the mean over ``repeats`` runs with its standard deviation
-(:class:`ThroughputResult`); warm-up batches are never timed (:mod:`chexnet_utils.platform.timing`).
+(:class:`ThroughputResult`); warm-up batches are never timed
+(:mod:`chexnet_utils.platform.timing`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.hardware.devices import usable_cores
 from chexnet_utils.input.pipelines import Files, preprocess
-from chexnet_utils.platform.timing import RunMean, alternating, mean_std, pipeline_run
-from chexnet_utils.platform.timing import timed_run, warm_up
+from chexnet_utils.platform.timing import (
+    RunMean,
+    alternating,
+    mean_std,
+    pipeline_run,
+    timed_run,
+    warm_up,
+)
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -158,17 +165,17 @@ def decode_ceiling(files: Files, image_size: int, n_images: int = 64, repeats: i
     parallelism 1 (so the resize cannot borrow other cores), and TF's two default rewrites
     that would add parallelism switched off: ``map_parallelization`` (it would parallelise
     the map, which is stateless in evaluation mode) and ``inject_prefetch`` (it would append
-    a background prefetch; see :mod:`chexnet_utils.input.pipelines`). One untimed pass over a few images traces the
-    function; then ``repeats`` timed passes; the single-core rate is the **best** pass (a
-    ceiling should not be lowered by someone else's load).
+    a background prefetch; see :mod:`chexnet_utils.input.pipelines`). One untimed pass over a few
+    images traces the function; then ``repeats`` timed passes; the single-core rate is the **best**
+    pass (a ceiling should not be lowered by someone else's load).
 
     Reading it: the old approach decodes on one core, so it should stay near the single-core
     rate (a little above is possible: its prefetch thread overlaps the decoding with the
     consumer's work); the new approach should approach the ceiling.
 
-    Returns ``img_per_s_single_core``, ``cores`` (:func:`chexnet_utils.hardware.devices.usable_cores`),
-    ``ceiling_img_per_s`` (their product), ``per_pass_img_per_s``, ``n_images``,
-    ``image_size``.
+    Returns ``img_per_s_single_core``, ``cores``
+    (:func:`chexnet_utils.hardware.devices.usable_cores`), ``ceiling_img_per_s`` (their product),
+    ``per_pass_img_per_s``, ``n_images``, ``image_size``.
     """
     import tensorflow as tf
 

@@ -49,11 +49,11 @@ class Timeline:
 
     @property
     def wait_s(self) -> list[float]:
-        return [r - q for q, r in zip(self.t_request, self.t_batch_ready)]
+        return [r - q for q, r in zip(self.t_request, self.t_batch_ready, strict=True)]
 
     @property
     def compute_s(self) -> list[float]:
-        return [d - r for r, d in zip(self.t_batch_ready, self.t_step_done)]
+        return [d - r for r, d in zip(self.t_batch_ready, self.t_step_done, strict=True)]
 
     @property
     def total_s(self) -> float:
@@ -72,8 +72,10 @@ class Timeline:
     def segments(self) -> dict[str, list[tuple[float, float]]]:
         """``{"wait": [(start, duration), ...], "compute": [...]}`` for matplotlib's
         ``broken_barh``."""
-        return {"wait": [(q, r - q) for q, r in zip(self.t_request, self.t_batch_ready)],
-                "compute": [(r, d - r) for r, d in zip(self.t_batch_ready, self.t_step_done)]}
+        return {"wait": [(q, r - q)
+                         for q, r in zip(self.t_request, self.t_batch_ready, strict=True)],
+                "compute": [(r, d - r)
+                            for r, d in zip(self.t_batch_ready, self.t_step_done, strict=True)]}
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -26,8 +26,15 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.data.labels import NUM_CLASSES
-from chexnet_utils.platform.timing import RunMean, alternating, batch_len, block, fed_run
-from chexnet_utils.platform.timing import first_batch, pipeline_run
+from chexnet_utils.platform.timing import (
+    RunMean,
+    alternating,
+    batch_len,
+    block,
+    fed_run,
+    first_batch,
+    pipeline_run,
+)
 
 if TYPE_CHECKING:
     import keras

@@ -109,8 +109,8 @@ __all__ = [
 ]
 
 available_cores = usable_cores
-"""Cores this process may run on: :func:`chexnet_utils.hardware.devices.usable_cores` (the notebooks'
-``benchmark.available_cores()``)."""
+"""Cores this process may run on: :func:`chexnet_utils.hardware.devices.usable_cores` (the
+notebooks' ``benchmark.available_cores()``)."""
 
 
 # --------------------------------------------------------------------------------------------

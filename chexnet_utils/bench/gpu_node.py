@@ -3,12 +3,12 @@ published reference points; and GPU utilisation with the old vs the new pipeline
 
 ``python -m chexnet_utils bench gpu-node --gpus 1,2,4,8`` runs :func:`bench_gpu_node`: for
 each GPU count ``k`` it starts ``k`` MPI engines (one process per GPU, pinned by local rank,
-bound to the cores of its GPU's socket: :mod:`chexnet_utils.hardware.gpu_topology`), trains DenseNet-121
-at 224 px with the new pipeline for a number of timed steps (:func:`gpu_throughput_on_engine`:
-mixed precision and XLA as :mod:`chexnet_utils.model.accelerator` decides, batches copied to the GPU
-ahead of time), and reports the job's images/s. This is the measurement behind the Dell
-articles' figure (images/s on 1, 2, 3, 4 and 8 V100s). Without a GPU it raises
-:class:`NoGPUError` before doing anything.
+bound to the cores of its GPU's socket: :mod:`chexnet_utils.hardware.gpu_topology`), trains
+DenseNet-121 at 224 px with the new pipeline for a number of timed steps
+(:func:`gpu_throughput_on_engine`: mixed precision and XLA as
+:mod:`chexnet_utils.model.accelerator` decides, batches copied to the GPU ahead of time), and
+reports the job's images/s. This is the measurement behind the Dell articles' figure (images/s on
+1, 2, 3, 4 and 8 V100s). Without a GPU it raises :class:`NoGPUError` before doing anything.
 
 :func:`utilisation_old_vs_new` trains on one GPU with each pipeline while
 :class:`~chexnet_utils.hardware.gpu_monitor.UtilisationSampler` records the GPU's utilisation: the
@@ -82,7 +82,8 @@ def gpu_counts(visible: int, requested: Sequence[int] | None = None) -> list[int
         raise ValueError(f"GPU counts must be >= 1, got {list(requested)}")
     if counts[-1] > visible:
         raise ValueError(f"asked for {counts[-1]} GPUs but {visible} are visible "
-                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
+                         "(CUDA_VISIBLE_DEVICES="
+                         f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
     if counts[0] != 1:
         raise ValueError("the GPU counts must include 1: speed-up and efficiency are "
                          "relative to one GPU")
@@ -144,8 +145,8 @@ RunOnGpus = Callable[[int, StepConfig], Mapping[str, Any]]
 
 def cluster_runner(binding_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
                    timeout: float | None = 3600) -> RunOnGpus:
-    """The real :data:`RunOnGpus`: a fresh :class:`~chexnet_utils.cluster.distributed.MPICluster` of
-    ``k`` engines per count, started with ``binding_args`` (``mpirun`` mapping/binding)."""
+    """The real :data:`RunOnGpus`: a fresh :class:`~chexnet_utils.cluster.distributed.MPICluster`
+    of ``k`` engines per count, started with ``binding_args`` (``mpirun`` mapping/binding)."""
     from chexnet_utils.cluster.distributed import MPICluster
 
     def run(k: int, cfg: StepConfig) -> Mapping[str, Any]:
@@ -272,7 +273,12 @@ def utilisation_old_vs_new(tfrecords: Path | str, *, arch: str = "densenet121",
     (``window``: the timed steps). Raises :class:`NoGPUError` (the
     :func:`~chexnet_utils.hardware.gpu_monitor.nvml_status` sentence) without a GPU.
     """
-    from chexnet_utils.hardware.gpu_monitor import UtilisationSampler, as_dicts, nvml_status, summarise
+    from chexnet_utils.hardware.gpu_monitor import (
+        UtilisationSampler,
+        as_dicts,
+        nvml_status,
+        summarise,
+    )
 
     status = nvml_status(nvml)
     if not status.available:

@@ -68,7 +68,8 @@ def prepare_data_parallel_model(model: Any, jit_compile: bool = False) -> None:
 
 def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
     """Run on every Horovod worker: ``steps`` timed data-parallel training steps, fed by
-    ``cfg.pipeline`` over ``cfg.tfrecords`` (see :class:`~chexnet_utils.bench.steptimer.StepConfig`).
+    ``cfg.pipeline`` over ``cfg.tfrecords`` (see
+    :class:`~chexnet_utils.bench.steptimer.StepConfig`).
 
     Builds the model, averages gradients with Horovod and broadcasts rank 0's initial
     state, exactly as :func:`chexnet_utils.training.train` does with ``distributed=True``,
@@ -133,8 +134,8 @@ ENV_PREFIXES = ("OMPI_MCA_", "HOROVOD_", "OMP_", "TF_NUM_")
 
 def effective_engine_env(cluster: MPICluster) -> dict[str, str]:
     """The settings ``cluster``'s engines really run with (this process's environment plus
-    :meth:`~chexnet_utils.cluster.distributed.MPICluster.env_overrides`: thread budget, MPI yielding
-    and the caller's ``env``), restricted to :data:`ENV_PREFIXES`. Recorded with every
+    :meth:`~chexnet_utils.cluster.distributed.MPICluster.env_overrides`: thread budget, MPI
+    yielding and the caller's ``env``), restricted to :data:`ENV_PREFIXES`. Recorded with every
     :func:`bench_scaling` result, so two results that differ in e.g. MPI spinning say so."""
     import os
 
@@ -218,8 +219,9 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
     result: dict[str, Any] = {
         "workers": list(workers), "pipelines": list(pipelines), "arch": arch,
         "image_size": image_size, "batch_size_per_worker": batch_size, "steps": steps,
-        "warmup_steps": warmup_steps, "repeats": repeats, "bind_to": bind_to, "cores": usable_cores(),
-        "env": dict(env or {}), "tfrecords": str(tfrecords), **summary(0.0),
+        "warmup_steps": warmup_steps, "repeats": repeats, "bind_to": bind_to,
+        "cores": usable_cores(), "env": dict(env or {}), "tfrecords": str(tfrecords),
+        **summary(0.0),
         "engine_env": {str(n): e for n, e in engine_envs.items()},
         "cluster_seconds": {str(n): t for n, t in cluster_times.items()},
     }

@@ -21,8 +21,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.hardware.devices import usable_cpus
-from chexnet_utils.input.tfdata_service import (PROCESSING_MODES, TFDataService, distribute,
-                                                next_within, role_command)
+from chexnet_utils.input.tfdata_service import (
+    PROCESSING_MODES,
+    TFDataService,
+    distribute,
+    next_within,
+    role_command,
+)
 from chexnet_utils.platform.processes import set_parent_death_signal
 
 if TYPE_CHECKING:

@@ -112,7 +112,7 @@ def _update_norm(model: Any, before: list[np.ndarray]) -> float:
     """L2 norm of how far the weights moved since ``before`` (same on every worker, and the
     same for two back ends that average the same gradients)."""
     return float(np.sqrt(sum(((v.numpy() - b) ** 2).sum()
-                             for v, b in zip(model.trainable_variables, before))))
+                             for v, b in zip(model.trainable_variables, before, strict=True))))
 
 
 def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
@@ -172,7 +172,7 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
         grads = reduce(tape.gradient(loss, model.trainable_variables))
-        opt.apply_gradients(zip(grads, model.trainable_variables))
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
     runs = _timed_runs(step, lambda: barrier(hvd), c, finish=lambda loss: loss.numpy())
@@ -330,7 +330,8 @@ def mwms_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
             # strategy: dividing again here would halve the update (the test checks this)
             loss = loss_fn(y, model(x, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces (sum)
+        # all-reduces (sum)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
     @tf.function

@@ -7,21 +7,36 @@ budget per process so N processes on a CPU machine do not each start ``cores`` t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import threading
+from typing import Any
 
 from chexnet_utils.hardware.devices import cpu_thread_budget, usable_cores
 from chexnet_utils.platform.atomic import make_private
+from chexnet_utils.platform.processes import (
+    LIFELINE_ENV,
+    lifeline_tokens,
+    pid_alive,
+    release_watchdog,
+    remove_orphan_shm_segments,
+    start_watchdog,
+    stop_within,
+    terminate_below,
+    watchdog_remove_on_death,
+)
 
 ROOT_SWITCHES = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -138,13 +153,11 @@ def launcher_command(launcher: str, n_procs: int, argv: Sequence[str]) -> list[s
 
 
 def rank_info() -> dict[str, object]:
-    """``hvd.init()``, pin this process (:func:`~chexnet_utils.hardware.devices.pin_process`), describe it.
+    """``hvd.init()``, pin this process (:func:`~chexnet_utils.hardware.devices.pin_process`),
+    describe it.
 
     Returns rank, size, local rank, local size, host name, pid and the placement. Run it in
-    every process (``mpirun -np N python -m chexnet_utils whoami``, or on ipyparallel engines).
-    """
-    import socket
-
+    every process (``mpirun -np N python -m chexnet_utils whoami``, or on ipyparallel engines)."""
     import horovod.tensorflow as hvd
 
     from chexnet_utils.hardware.devices import pin_process
@@ -170,8 +183,6 @@ def json_objects(text: str) -> list[dict[str, object]]:
     so ``{"rank": 0}{"rank": 1}`` on one line is possible; this scans for objects instead of
     splitting lines.
     """
-    import json
-
     decoder = json.JSONDecoder()
     found: list[dict[str, object]] = []
     pos = text.find("{")
@@ -332,8 +343,6 @@ class MPICluster:
         self.last_interrupt: str | None = None
         """What the last interrupt did (the line it printed), ``None`` before one."""
         self.env = dict(env or {})
-        from chexnet_utils.hardware.devices import usable_cores
-
         self.oversubscribe = (n > usable_cores() and hostfile is None
                               if oversubscribe is None else oversubscribe)
         self.cluster = None
@@ -416,9 +425,6 @@ class MPICluster:
 
     def start(self) -> "MPICluster":
         """Start the controller and the MPI engines; wait until all ``n`` engines are up."""
-        import tempfile
-        import time
-
         import ipyparallel as ipp
         from traitlets.config import Config
 
@@ -432,8 +438,6 @@ class MPICluster:
                                              dir=self.profile_parent)
         os.chmod(self._profile_dir, 0o700)
         cfg = Config()
-        from chexnet_utils.platform.processes import (LIFELINE_ENV, lifeline_tokens, start_watchdog,
-                                             watchdog_remove_on_death)
 
         self.lifeline = f"ipp-{os.getpid()}-{secrets.token_hex(4)}"
         self._watchdog = start_watchdog(os.getpid(), self.lifeline)
@@ -458,7 +462,8 @@ class MPICluster:
             self.stop()
             raise
         self.start_seconds = time.perf_counter() - t0
-        from chexnet_utils.platform.exposure import announce_reach  # mpiexec listens on every interface
+        # mpiexec listens on every interface
+        from chexnet_utils.platform.exposure import announce_reach
 
         self.exposure = announce_reach("mpiexec's out-of-band listener", "[MPICluster]")
         return self
@@ -473,8 +478,6 @@ class MPICluster:
         """Send SIGINT to the engines that are running something, as the stop button does
         for a ``%%px`` cell, and wait until their tasks have ended (see the class notes).
         Returns the line it printed."""
-        import signal
-
         if self.client is None:
             return "the cluster is not running: nothing to interrupt"
         busy = self.busy_engines()
@@ -544,12 +547,6 @@ class MPICluster:
 
     def stop(self) -> None:
         """Stop engines and controller; wait for all their processes; kill stragglers."""
-        import time
-        from contextlib import suppress
-
-        from chexnet_utils.platform.processes import (pid_alive, release_watchdog,
-                                             remove_orphan_shm_segments, stop_within)
-
         t0 = time.perf_counter()
         if self.cluster is not None:
             with suppress(Exception):
@@ -581,11 +578,10 @@ class MPICluster:
     def _terminate_local_engines(self, timeout: float = 2.0) -> list[Any]:
         """SIGTERM the engines below this cluster's ``mpiexec``, wait up to ``timeout`` s, SIGKILL
         the rest (a busy engine ignores SIGTERM), as ``mpiexec`` would in 2 s whatever they do
-        (:data:`chexnet_utils.platform.processes.MPIEXEC_KILL_SEQUENCE`). Engines elsewhere (another host,
-        a Slurm job) are left to their launcher. Returns those that outlived the SIGTERM."""
+        (:data:`chexnet_utils.platform.processes.MPIEXEC_KILL_SEQUENCE`). Engines elsewhere
+        (another host, a Slurm job) are left to their launcher. Returns those that outlived the
+        SIGTERM."""
         from ipyparallel.cluster.launcher import MPILauncher
-
-        from chexnet_utils.platform.processes import stop_within, terminate_below
 
         if self.cluster is not None:
             launchers = [lc.process for lc in self.cluster.engines.values()
@@ -613,8 +609,6 @@ class MPICluster:
                          timeout: float = 300) -> "threading.Thread":
         """Fault drill: in a background thread, wait until ``path`` exists (for example the
         first checkpoint), then kill the engine of ``rank``. Returns the started thread."""
-        import threading
-        import time
 
         def watch() -> None:
             deadline = time.time() + timeout
@@ -631,7 +625,6 @@ class MPICluster:
     def _engines_alive(self) -> bool:
         if self.cluster is None:
             return False
-        from chexnet_utils.platform.processes import pid_alive  # a zombie counts as gone
 
         if not all(pid_alive(pid) for pid in self.engine_pids):
             return False
@@ -650,9 +643,6 @@ class MPICluster:
         lost: Open MPI ends every rank when one dies) or after ``timeout`` seconds, instead
         of waiting forever for a collective that can no longer complete.
         """
-        import sys
-        import time
-
         if self.view is None:
             raise RuntimeError("cluster is not running: use it in a with block or call start()")
         ar = self.view.apply_async(fn, *args, **kwargs)

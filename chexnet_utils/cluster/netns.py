@@ -260,7 +260,7 @@ class TwoNodes:
         stats = f"/sys/class/net/{self.iface}/statistics"
         keys = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
         out = self.run(node, ["cat", *[f"{stats}/{k}" for k in keys]]).stdout.split()
-        return dict(zip(keys, (int(v) for v in out)))
+        return dict(zip(keys, (int(v) for v in out), strict=True))
 
     # -- shaping -----------------------------------------------------------------------
 
@@ -368,7 +368,7 @@ def agent_script(nodes: TwoNodes) -> str:
     cases = "\n".join(f"  {q(name)}|{q(ip_addr)}) ns={q(ns)}; name={q(name)}; "
                       f"tmp={q(str(nodes.tmpdir(i)))} ;;"
                       for i, (name, ip_addr, ns)
-                      in enumerate(zip(nodes.names, nodes.ips, nodes.namespaces)))
+                      in enumerate(zip(nodes.names, nodes.ips, nodes.namespaces, strict=True)))
     return _AGENT.replace("{cases}", cases)
 
 
@@ -378,13 +378,14 @@ def _build(nodes: TwoNodes) -> None:
         _ip("netns", "add", ns)
     _ip("link", "add", nodes.iface, "netns", a, "type", "veth", "peer", "name",
         nodes.iface, "netns", b)
-    for ns, ip_addr in zip((a, b), nodes.ips):
+    for ns, ip_addr in zip((a, b), nodes.ips, strict=True):
         _ip("-n", ns, "addr", "add", f"{ip_addr}/{nodes.prefix_len}", "dev", nodes.iface)
         _ip("-n", ns, "link", "set", "lo", "up")
         _ip("-n", ns, "link", "set", nodes.iface, "up")
     # Both nodes' hosts file: the node names (also each node's host name: Gloo looks it up).
     hosts = ("127.0.0.1 localhost\n::1 localhost\n"
-             + "".join(f"{ip_addr} {name}\n" for ip_addr, name in zip(nodes.ips, nodes.names)))
+             + "".join(f"{ip_addr} {name}\n"
+                       for ip_addr, name in zip(nodes.ips, nodes.names, strict=True)))
     for ns in (a, b):
         d = NETNS_ETC / ns
         d.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Who can reach the one-machine Slurm, and where its daemons may write.
 
-:mod:`chexnet_utils.cluster.slurm_local` starts ``munged``, ``slurmctld`` and ``slurmd`` as the user
-who asks (:func:`invoking_user`), listening where this host's name resolves to when that is a
+:mod:`chexnet_utils.cluster.slurm_local` starts ``munged``, ``slurmctld`` and ``slurmd`` as the
+user who asks (:func:`invoking_user`), listening where this host's name resolves to when that is a
 loopback address (:func:`loopback_bind_address`), in a state folder that nobody else can
 steer (:func:`check_state_dir` before anything is written, then :func:`private_folder` and
 :func:`open_new`: 0700 folders, files created with ``O_NOFOLLOW``).

@@ -2,8 +2,8 @@
 
 The controller runs where the notebook runs; the engines are one Slurm batch job (ipyparallel's
 ``SlurmEngineSetLauncher``) whose tasks are MPI ranks: ``srun --mpi=pmix`` starts them
-(or ``mpirun`` inside the allocation, as :class:`~chexnet_utils.cluster.distributed.MPICluster` does
-on one machine). Horovod initialises on them as on any MPI job, and everything written for
+(or ``mpirun`` inside the allocation, as :class:`~chexnet_utils.cluster.distributed.MPICluster`
+does on one machine). Horovod initialises on them as on any MPI job, and everything written for
 ``MPICluster`` (``cluster.run(training.train_on_engine, cfg)``, ``%%px``) runs unchanged::
 
     with SlurmCluster(n=2, sbatch_options=["--partition=gpu", "--gpus-per-task=1"]) as c:
@@ -11,11 +11,11 @@ on one machine). Horovod initialises on them as on any MPI job, and everything w
     # teardown: scancel, wait until Slurm reports the job ended, no engine process left
 
 ``slurm_conf``: the ``slurm.conf`` to use (default: the system's, or ``$SLURM_CONF``; the
-one-machine Slurm of :mod:`chexnet_utils.cluster.slurm_local` passes its own). On a real cluster the
-engines on other nodes must reach the controller and read its connection file: pass
+one-machine Slurm of :mod:`chexnet_utils.cluster.slurm_local` passes its own). On a real cluster
+the engines on other nodes must reach the controller and read its connection file: pass
 ``controller_ip`` (the address of the cluster-network interface: CurveZMQ encryption is then
-on, see :class:`~chexnet_utils.cluster.distributed.MPICluster`), ``location`` (the address engines dial)
-and ``profile_parent`` (a folder on the shared file system, e.g. in ``$HOME``).
+on, see :class:`~chexnet_utils.cluster.distributed.MPICluster`), ``location`` (the address engines
+dial) and ``profile_parent`` (a folder on the shared file system, e.g. in ``$HOME``).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class SlurmCluster(MPICluster):
             self._engine_hosts = [str(h) for h in self.view.apply_sync(socket.gethostname)]
         hosts = self._engine_hosts or []
         me = socket.gethostname()
-        return [pid for pid, host in zip(self.engine_pids, hosts) if host == me]
+        return [pid for pid, host in zip(self.engine_pids, hosts, strict=False) if host == me]
 
     def _track_processes(self) -> None:
         for pid in self._local_engine_pids():

@@ -23,26 +23,27 @@ socket and key.
   root (a container, CI).
 - They **listen on loopback only** where this host's name resolves to a loopback address
   (Slurm's ``CommunicationParameters=NoCtldInAddrAny,NoInAddrAny`` binds to what the name
-  resolves to, Slurm 22.05 ``slurm.conf(5)``; :func:`~chexnet_utils.cluster.slurm_access.loopback_bind_address`); the clients
-  and the node use that address. Where the name resolves to a network address they would
-  bind there, so they listen on every interface instead and :attr:`LocalSlurm.exposure`
-  says so.
+  resolves to, Slurm 22.05 ``slurm.conf(5)``;
+  :func:`~chexnet_utils.cluster.slurm_access.loopback_bind_address`); the clients and the node use
+  that address. Where the name resolves to a network address they would bind there, so they listen
+  on every interface instead and :attr:`LocalSlurm.exposure` says so.
 - Every Slurm message carries a munge credential, and **only this user can get one**: the
   state folder and every folder in it are 0700, munge's socket folder included (``munged``
   wants that folder open to all; ``--force`` makes that a warning), and the key is 0400.
   Another account can neither submit nor query.
-- The state folder is **checked before anything is written** (:func:`~chexnet_utils.cluster.slurm_access.check_state_dir`):
-  no symbolic link in it, everything in it this user's, and every folder above it owned by
-  root or this user and not writable by other accounts (unless sticky, like ``/tmp``), so
-  nobody else can swap a folder for a link while the daemons write (``make slurm`` as root
-  in another user's checkout is refused). Files are created with ``O_NOFOLLOW``.
+- The state folder is **checked before anything is written**
+  (:func:`~chexnet_utils.cluster.slurm_access.check_state_dir`): no symbolic link in it, everything
+  in it this user's, and every folder above it owned by root or this user and not writable by other
+  accounts (unless sticky, like ``/tmp``), so nobody else can swap a folder for a link while the
+  daemons write (``make slurm`` as root in another user's checkout is refused). Files are created
+  with ``O_NOFOLLOW``.
 
 :meth:`LocalSlurm.stop` cancels every job, stops the daemons (SIGTERM, then SIGKILL) and
 checks by pid that none is left, nor any ``slurmstepd`` of this Slurm (found by its
 ``SLURM_CONF``) or process below one; if the process that started them dies without
 stopping them (a kernel killed with SIGKILL), a watchdog does
-(:func:`chexnet_utils.platform.processes.start_watchdog`: the daemons carry its token; ``up`` ends it,
-its daemons outlive the command). Two of them run side by side on one machine (own
+(:func:`chexnet_utils.platform.processes.start_watchdog`: the daemons carry its token; ``up`` ends
+it, its daemons outlive the command). Two of them run side by side on one machine (own
 state folder, socket, key and ports; a port taken between choosing and binding it is
 chosen again).
 
@@ -73,8 +74,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from chexnet_utils.cluster import slurm as S
-from chexnet_utils.cluster.slurm_access import (check_state_dir, invoking_user, loopback_bind_address,
-                                        open_new, private_folder)
+from chexnet_utils.cluster.slurm_access import (
+    check_state_dir,
+    invoking_user,
+    loopback_bind_address,
+    open_new,
+    private_folder,
+)
 from chexnet_utils.platform.atomic import write_json_atomic, write_text_atomic
 from chexnet_utils.platform.ports import free_ports
 
@@ -104,9 +110,9 @@ def node_hardware() -> str:
 
 
 def check_conf_path(state: Path) -> None:
-    """:class:`~chexnet_utils.cluster.slurm.SlurmError` for a state folder whose path has whitespace,
-    ``#`` or a quote: slurm.conf has no quoting that every one of its keys takes, so such a
-    path is refused before anything is written, rather than written and misread."""
+    """:class:`~chexnet_utils.cluster.slurm.SlurmError` for a state folder whose path has
+    whitespace, ``#`` or a quote: slurm.conf has no quoting that every one of its keys takes, so
+    such a path is refused before anything is written, rather than written and misread."""
     if any(c.isspace() or c in "#\"'" for c in str(state)):
         raise S.SlurmError(f"Slurm state folder {str(state)!r} contains whitespace, '#' or "
                            "a quote, which slurm.conf cannot hold: choose a plain path")
@@ -119,8 +125,8 @@ def slurm_conf(state: Path, ctld_port: int, slurmd_port: int, hardware: str,
 
     ``user``: the account the daemons run as (``SlurmUser``, ``SlurmdUser``).
     ``bind_address``: the loopback address this host's name resolves to
-    (:func:`~chexnet_utils.cluster.slurm_access.loopback_bind_address`): the daemons listen there only
-    (``NoCtldInAddrAny,NoInAddrAny``) and clients and node use it; ``None``: they listen on
+    (:func:`~chexnet_utils.cluster.slurm_access.loopback_bind_address`): the daemons listen there
+    only (``NoCtldInAddrAny,NoInAddrAny``) and clients and node use it; ``None``: they listen on
     every interface, clients and node use ``127.0.0.1``.
 
     Raises :class:`~chexnet_utils.cluster.slurm.SlurmError` for a ``state`` path slurm.conf cannot
@@ -194,7 +200,9 @@ class LocalSlurm:
         self.lifeline: str | None = None
         """The token the daemons carry (``CHEXNET_LIFELINE``) while this process owns them."""
         self.bind_address: str | None = None
-        """Where the daemons listen (:func:`~chexnet_utils.cluster.slurm_access.loopback_bind_address`); ``None``: everywhere."""
+        """Where the daemons listen
+        (:func:`~chexnet_utils.cluster.slurm_access.loopback_bind_address`); ``None``:
+        everywhere."""
         self.ports: tuple[int, ...] = ()
         """``(SlurmctldPort, SlurmdPort)`` after :meth:`start`."""
 
@@ -540,7 +548,8 @@ class LocalSlurm:
     def submit(self, script: str | os.PathLike[str], args: Sequence[str] = (),
                options: Sequence[str] = (), cwd: str | os.PathLike[str] | None = None,
                env: Mapping[str, str] | None = None) -> str:
-        """:func:`chexnet_utils.cluster.slurm.submit` to this Slurm (``env`` added to :attr:`env`)."""
+        """:func:`chexnet_utils.cluster.slurm.submit` to this Slurm (``env`` added to
+        :attr:`env`)."""
         return S.submit(script, args, options, env={**self.env, **(env or {})}, cwd=cwd)
 
     def wait_for_job(self, job_id: str, timeout: float) -> str:
@@ -595,8 +604,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             if args.action == "up":
                 slurm = LocalSlurm(state).start().detach()  # outlives this command: `down`
-                print(f"started; stop with: python -m chexnet_utils.cluster.slurm_local down --dir "
-                      f"{args.dir}")
+                print("started; stop with: python -m chexnet_utils.cluster.slurm_local "
+                      f"down --dir {args.dir}")
                 _print_usage(slurm)
                 return 0
             with command_lifetime(watchdog=False), LocalSlurm(state) as slurm:

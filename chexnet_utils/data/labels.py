@@ -87,7 +87,7 @@ def multihot_to_labels(vector: Sequence[float] | np.ndarray) -> str:
     arr = np.asarray(vector, dtype=np.float32).reshape(-1)
     if arr.shape[0] != NUM_CLASSES:
         raise ValueError(f"expected a vector of {NUM_CLASSES} values, got {arr.shape[0]}")
-    present = [name for name, v in zip(PATHOLOGIES, arr) if v >= 0.5]
+    present = [name for name, v in zip(PATHOLOGIES, arr, strict=True) if v >= 0.5]
     return LABEL_SEPARATOR.join(present) if present else NO_FINDING
 
 

@@ -189,15 +189,17 @@ def read_data_entry(path: Path | str) -> list[ImageRecord]:
                                       line_no)
             fields = fields + [""] * (len(header) - len(fields))
 
-            def get(name: str) -> str:
+            def get(name: str, fields: list[str] = fields) -> str:
                 return fields[col[name]].strip() if name in col else ""
 
             name = get("Image Index")
             if not name:
-                raise DataFormatError(path, "row has no image name (Image Index is empty)", line_no)
+                raise DataFormatError(path, "row has no image name (Image Index is empty)",
+                                      line_no)
             if name in seen:
                 raise DataFormatError(
-                    path, f"duplicate image name {name!r} (first seen in row {seen[name]})", line_no)
+                    path, f"duplicate image name {name!r} (first seen in row {seen[name]})",
+                    line_no)
             seen[name] = line_no
             try:
                 labels = parse_finding_labels(get("Finding Labels"))
@@ -268,7 +270,8 @@ def find_images(data_dir: Path | str) -> dict[str, Path]:
     """
     data_dir = Path(data_dir)
     found: dict[str, Path] = {}
-    patterns = ("images/*.png", "images_[0-9][0-9][0-9]/images/*.png", "images_[0-9][0-9][0-9]/*.png")
+    patterns = ("images/*.png", "images_[0-9][0-9][0-9]/images/*.png",
+                "images_[0-9][0-9][0-9]/*.png")
     for pattern in patterns:
         for p in sorted(data_dir.glob(pattern)):
             if p.name in found and found[p.name] != p:
@@ -306,7 +309,8 @@ def check_no_leakage(parts: dict[str, Sequence[ImageRecord]]) -> None:
     if clashes:
         sample = ", ".join(f"patient {pid} in {sorted(ps)}" for pid, ps in
                            sorted(clashes.items())[:5])
-        raise LeakageError(f"{len(clashes)} patient(s) appear in more than one split part: {sample}")
+        raise LeakageError(f"{len(clashes)} patient(s) appear in more than one split part: "
+                           f"{sample}")
 
 
 def patient_split(

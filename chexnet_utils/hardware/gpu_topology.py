@@ -172,7 +172,7 @@ def binding_plan(affinities: Sequence[GpuAffinity], n_ranks: int,
     domains = tuple(r.numa for r in rows)
     cpus = tuple(r.cpus for r in rows)
     lines = [f"rank {i} -> GPU {g}: NUMA node {d if d is not None else '?'}, cores "
-             f"{_ranges(c)}" for i, (g, d, c) in enumerate(zip(gpus, domains, cpus))]
+             f"{_ranges(c)}" for i, (g, d, c) in enumerate(zip(gpus, domains, cpus, strict=True))]
 
     args: tuple[str, ...] = ("--bind-to", "none")
     how = ("no mpirun mapping matches this GPU order (or the NUMA nodes are unknown): bind "

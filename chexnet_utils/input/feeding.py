@@ -28,7 +28,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -248,7 +247,6 @@ def pydataset_rate(dataset: Any, n_batches: int | None = None) -> dict[str, floa
     """Images/s and CPU use (process + children CPU seconds per wall second) of one pass
     of a ``PyDataset`` (through Keras' own enqueuer, as ``fit`` uses it)."""
     import psutil
-
     from keras.src.trainers.data_adapters import get_data_adapter
 
     adapter = get_data_adapter(dataset)

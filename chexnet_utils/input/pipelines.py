@@ -46,7 +46,8 @@ here:
   stateless; the random flip is not, so in training mode TF leaves the old approach's map
   alone, but in evaluation mode it would run it on all cores. :func:`old_approach` therefore
   sets ``map_parallelization = False`` explicitly (``_old_approach_options``): its map is
-  sequential in both modes, so the benchmarks time what one-core decoding costs. Notebook 02 shows the rule live (its "TF's defaults" cell).
+  sequential in both modes, so the benchmarks time what one-core decoding costs. Notebook 02 shows
+  the rule live (its "TF's defaults" cell).
 * ``inject_prefetch`` appends ``prefetch(AUTOTUNE)`` when the last transformation is not a
   prefetch (``inject_prefetch.cc``). Both builders end in an explicit prefetch, so it never
   applies to them; :func:`chexnet_utils.bench.bench_pipeline.decode_ceiling` switches both

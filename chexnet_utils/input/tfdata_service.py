@@ -19,8 +19,8 @@ file names) among workers, so each example is produced **exactly once** per epoc
 This module starts the dispatcher and the workers as separate processes on 127.0.0.1
 (``python -m chexnet_utils.input.tfdata_service dispatcher|worker ...``), each announcing the port
 the OS gave it, optionally pinned to given cores (``os.sched_setaffinity``). They carry the
-lifeline token of :mod:`chexnet_utils.platform.processes` (inherited environment) and a parent-death
-signal, so a killed, restarted or shut-down kernel or command leaves nothing behind;
+lifeline token of :mod:`chexnet_utils.platform.processes` (inherited environment) and a
+parent-death signal, so a killed, restarted or shut-down kernel or command leaves nothing behind;
 :meth:`TFDataService.stop` terminates them, waits until they are gone and checks that their
 ports are closed. Each runs in a session of its own, so the notebook's Interrupt (SIGINT to
 the kernel's process group) leaves the service running.
@@ -103,8 +103,8 @@ def role_command(role: str, args: Sequence[str], cpus: Sequence[int] | None = No
                  ) -> tuple[list[str], dict[str, str]]:
     """Command line and environment of one of this module's processes (``dispatcher``,
     ``worker``; ``module`` another one's, as the ``trainer`` of
-    :mod:`chexnet_utils.bench.service`): this interpreter, ``--parent`` this process (its lifeline),
-    pinned to ``cpus`` if given. The environment carries ``CHEXNET_LIFELINE`` (so the
+    :mod:`chexnet_utils.bench.service`): this interpreter, ``--parent`` this process (its
+    lifeline), pinned to ``cpus`` if given. The environment carries ``CHEXNET_LIFELINE`` (so the
     command's watchdog sees the child) and quiet TensorFlow logs unless ``extra_env`` says
     otherwise."""
     cmd = [sys.executable, "-m", module, role,
@@ -163,8 +163,9 @@ class TFDataService:
     silent worker dead.
 
     The servers run any graph a client sends, unauthenticated, on ``[::]``: :meth:`start`
-    and :meth:`add_worker` first ask :func:`chexnet_utils.platform.exposure.require_private_network`
-    (a :class:`~chexnet_utils.platform.exposure.SharedHostError` where other accounts could reach
+    and :meth:`add_worker` first ask
+    :func:`chexnet_utils.platform.exposure.require_private_network` (a
+    :class:`~chexnet_utils.platform.exposure.SharedHostError` where other accounts could reach
     them, before any process starts) and keep its answer in :attr:`exposure`.
     """
 

@@ -63,8 +63,8 @@ def parse_switch(value: str | bool | None, name: str = "switch") -> bool | None:
 
 
 def process_gpus() -> list[Any]:
-    """GPUs TensorFlow will use in this process (after :func:`~chexnet_utils.hardware.devices.pin_process`:
-    the one pinned GPU)."""
+    """GPUs TensorFlow will use in this process (after
+    :func:`~chexnet_utils.hardware.devices.pin_process`: the one pinned GPU)."""
     import tensorflow as tf
 
     return list(tf.config.get_visible_devices("GPU"))

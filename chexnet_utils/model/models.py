@@ -20,8 +20,8 @@ What is here
   paper's 14-class model optimises "the sum of unweighted binary cross entropy losses", §5.)
 * :func:`per_class_auroc`, :func:`mean_auroc` (exact: the Mann-Whitney statistic, the number
   scikit-learn's ``roc_auc_score`` gives, with NaN for a class lacking positives or
-  negatives), :func:`roc_curve` (the points whose area they are) and :class:`MeanAUROC` (Keras' thresholded estimate, for
-  training logs only).
+  negatives), :func:`roc_curve` (the points whose area they are) and :class:`MeanAUROC` (Keras'
+  thresholded estimate, for training logs only).
 * :data:`CHEXNET_PAPER_AUROC` - the paper's per-class test AUROC, to compare against.
 
 TensorFlow/Keras is imported lazily: ``import chexnet_utils.model.models`` only
@@ -278,7 +278,7 @@ _PACKAGE = "chexnet_utils"
 
 
 @lru_cache(maxsize=None)
-def _keras_classes() -> dict[str, type]:
+def _keras_classes() -> dict[str, type]:  # noqa: C901 (issue 28 item 3: Keras classes at module level next)
     import keras
     from keras import ops
 
@@ -328,7 +328,7 @@ def _keras_classes() -> dict[str, type]:
                 if len(grads) != len(weights):
                     raise ValueError(f"gradient_reducer returned {len(grads)} gradients for "
                                      f"{len(weights)} weights")
-            self.optimizer.apply_gradients(zip(grads, weights))
+            self.optimizer.apply_gradients(zip(grads, weights, strict=True))
             batch = tf.shape(tf.nest.flatten(x)[0])[0]
             for metric in self.metrics:
                 if metric.name == "loss":  # Keras' loss tracker (the "loss" in the logs)
@@ -486,7 +486,8 @@ def _check_weights_file(weights: str | PathLike[str]) -> Path:
             f"weights file {str(path)!r} not found. Pass a local file: a full-model "
             f"'.weights.h5' saved by this package, or ImageNet backbone weights "
             f"('*_notop.h5' of keras-applications, downloaded on a machine with internet "
-            f"access, see chexnet_utils.model.models.IMAGENET_WEIGHT_FILES). Nothing is downloaded.")
+            f"access, see chexnet_utils.model.models.IMAGENET_WEIGHT_FILES). "
+            "Nothing is downloaded.")
     return path
 
 

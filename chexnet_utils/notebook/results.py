@@ -8,7 +8,6 @@ are saved next to it by :func:`save_figure`.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -72,6 +71,6 @@ def format_table(data: Mapping[str, Mapping[str, Any]]) -> str:
                 if isinstance(value, (list, dict)) else str(value)
             rows.append((nb, key, text if len(text) <= 60 else text[:57] + "..."))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -98,7 +98,8 @@ def markdown_table(rows: Sequence[Row], columns: Sequence[str] | None = None,
         raise ValueError(f"align must be one of {sorted(marks)}, got {unknown}")
     rule = [marks[wanted[c]] for c in columns]
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(rule) + "|"]
-    lines += ["| " + " | ".join(_cell(v, ffmt[c], ifmt[c]) for v, c in zip(r, columns)) + " |"
+    lines += ["| " + " | ".join(_cell(v, ffmt[c], ifmt[c])
+                                for v, c in zip(r, columns, strict=True)) + " |"
               for r in body]
     return "\n".join(lines)
 

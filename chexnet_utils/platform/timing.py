@@ -1,8 +1,8 @@
 """The stopwatch under every input-pipeline measurement: pull, wait, count, alternate.
 
 :mod:`chexnet_utils.bench.bench_pipeline`, :mod:`chexnet_utils.bench.bench_training`,
-:mod:`chexnet_utils.bench.bench_timeline` and :mod:`chexnet_utils.input.tfdata_service` all time the same
-few things: batches pulled from an iterator (counting images, not batches), training steps
+:mod:`chexnet_utils.bench.bench_timeline` and :mod:`chexnet_utils.input.tfdata_service` all time
+the same few things: batches pulled from an iterator (counting images, not batches), training steps
 whose result must be *waited for* before the clock stops (a step that returns tensors is not
 finished until they are on the host), warm-up batches that are never timed, and runs of
 several pipelines alternated A B, B A, ... so that drifting machine load hurts them alike.

@@ -10,15 +10,36 @@ ROC curves, Grad-CAM) and :mod:`~chexnet_utils.plots.comm` (Horovod timelines, a
 sweeps). Import them from here: ``from chexnet_utils import plots; plots.bars(...)``.
 """
 
-from chexnet_utils.plots.charts import (bars, bars_with_runs, gpu_utilisation, grouped_bars,
-                                        scaling, scaling_panels, timelines,
-                                        worker_learning_curves)
-from chexnet_utils.plots.comm import (allreduce_overlap, alpha_beta_fit, backend_throughput,
-                                      binding, fp16_compression, plot_sweeps, plot_timeline,
-                                      scaling_prediction, tensor_fusion)
-from chexnet_utils.plots.data import (NIH_PREVALENCE, conversion_throughput, cooccurrence,
-                                      cooccurrence_matrix, image_grid, label_distribution,
-                                      similarity_histogram)
+from chexnet_utils.plots.charts import (
+                                        bars,
+                                        bars_with_runs,
+                                        gpu_utilisation,
+                                        grouped_bars,
+                                        scaling,
+                                        scaling_panels,
+                                        timelines,
+                                        worker_learning_curves,
+)
+from chexnet_utils.plots.comm import (
+                                        allreduce_overlap,
+                                        alpha_beta_fit,
+                                        backend_throughput,
+                                        binding,
+                                        fp16_compression,
+                                        plot_sweeps,
+                                        plot_timeline,
+                                        scaling_prediction,
+                                        tensor_fusion,
+)
+from chexnet_utils.plots.data import (
+                                        NIH_PREVALENCE,
+                                        conversion_throughput,
+                                        cooccurrence,
+                                        cooccurrence_matrix,
+                                        image_grid,
+                                        label_distribution,
+                                        similarity_histogram,
+)
 from chexnet_utils.plots.training import grad_cam_overlay, learning_curves, roc_curves
 
 __all__ = ["NIH_PREVALENCE", "label_distribution", "cooccurrence", "conversion_throughput",

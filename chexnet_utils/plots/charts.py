@@ -129,7 +129,7 @@ def grouped_bars(data: Mapping[str, Mapping[str, float]], ylabel: str, title: st
         values = [data[g].get(name, np.nan) for g in groups]
         pos = x - 0.4 + width * (j + 0.5)
         ax.bar(pos, values, width=width, label=name)
-        for xi, v in zip(pos, values):
+        for xi, v in zip(pos, values, strict=True):
             if np.isfinite(v):
                 ax.annotate(fmt.format(v), (xi, v), ha="center", va="bottom", fontsize=8,
                             xytext=(0, 2), textcoords="offset points")
@@ -156,7 +156,7 @@ def gpu_utilisation(runs: Mapping[str, Mapping], title: str = "GPU utilisation (
 
     fig, axes = plt.subplots(len(runs), 1, figsize=(8, 2.4 * len(runs)), sharex=True,
                              squeeze=False)
-    for ax, (name, run) in zip(axes[:, 0], runs.items()):
+    for ax, (name, run) in zip(axes[:, 0], runs.items(), strict=True):
         samples = list(run["samples"])
         for gpu in sorted({int(s["gpu"]) for s in samples}):
             pts = sorted((s["t"], s["util_percent"]) for s in samples if int(s["gpu"]) == gpu)
@@ -245,13 +245,13 @@ def scaling_panels(panels: Mapping[str, Mapping[str, Any]], workers: Sequence[in
     w = list(workers)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     colors = ("tab:gray", "tab:blue", "tab:green", "tab:orange")
-    for ax, (panel_title, block) in zip(axes[0], panels.items()):
+    for ax, (panel_title, block) in zip(axes[0], panels.items(), strict=True):
         base = block["img_per_s"][pipelines[-1]][str(w[0])] / w[0]
         ax.plot(w, [base * n for n in w], "k--", label="ideal (linear)")
-        for p, color in zip(pipelines, colors):
+        for p, color in zip(pipelines, colors, strict=False):
             rates = [block["img_per_s"][p][str(n)] for n in w]
             ax.plot(w, rates, marker="o", color=color, label=f"{p} pipeline")
-            for n, r in zip(w[1:], rates[1:]):  # 1 worker is 100 % by definition
+            for n, r in zip(w[1:], rates[1:], strict=True):  # 1 worker is 100 % by definition
                 ax.annotate(f"{block['efficiency'][p][str(n)]:.0%}", (n, r),
                             textcoords="offset points", xytext=(6, -12), color=color,
                             fontsize=9)

@@ -97,7 +97,7 @@ def plot_sweeps(sweeps: Sequence[Mapping[str, Any]], labels: Sequence[str] | Non
         t = np.asarray(sw[key], dtype=float)
         ax1.loglog(s, t * 1e3, "o-", ms=3, label=label)
         bw = [busbw(sw["algorithm"], si, ti, sw["size"], sw.get("colocated_server", False))
-              for si, ti in zip(s, t)]
+              for si, ti in zip(s, t, strict=True)]
         ax2.loglog(s, np.asarray(bw) / 1e9, "o-", ms=3, label=label)
     for ax in (ax1, ax2):
         ax.set_xlabel("tensor size (bytes)")
@@ -169,7 +169,8 @@ def scaling_prediction(grad_bytes: Mapping[str, float], step_compute_s: float, a
         return [scaling_efficiency_prediction(int(n), size, step_compute_s, alpha, b, algorithm,
                                               overhead_s=overhead_s) for n in ns]
 
-    for (model, size), color in zip(grad_bytes.items(), ("tab:blue", "tab:orange", "tab:brown")):
+    for (model, size), color in zip(grad_bytes.items(), ("tab:blue", "tab:orange", "tab:brown"),
+                                    strict=False):
         name = _MODEL_NAMES.get(model, model)
         ax.plot(ns, curve(size, "ring", beta), "-o", ms=3, color=color,
                 label=f"{name}, ring (this link)")
@@ -177,8 +178,9 @@ def scaling_prediction(grad_bytes: Mapping[str, float], step_compute_s: float, a
         if network_beta is not None:
             ax.plot(ns, curve(size, "ring", network_beta), ":", color=color,
                     label=f"{name}, ring, {8 / network_beta / 1e9:g} Gbit/s links")
-    markers = zip([0.9, 1.0, 1.1], ["*", "P", "X"], ["tab:green", "tab:red", "tab:purple"])
-    for (model, r), (shift, marker, color) in zip((reported or {}).items(), markers):
+    markers = zip([0.9, 1.0, 1.1], ["*", "P", "X"], ["tab:green", "tab:red", "tab:purple"],
+                  strict=True)
+    for (model, r), (shift, marker, color) in zip((reported or {}).items(), markers, strict=False):
         ax.plot(r["gpus"] * shift, r["efficiency"], marker, ms=11, color=color,
                 label=f"{model}: {r['efficiency']:.0%} at {r['gpus']:g} GPUs "
                       "(reported, Horovod paper)")
@@ -236,7 +238,7 @@ def tensor_fusion(bursts: Mapping[str, Mapping[str, Mapping[str, Any]]],
     settings = list(bursts)
     fig, axes = plt.subplots(1, len(burst_elems), figsize=(11, 0.45 * len(settings) + 1.6),
                              squeeze=False)
-    for i, (ax, (b, elems)) in enumerate(zip(axes[0], burst_elems.items())):
+    for i, (ax, (b, elems)) in enumerate(zip(axes[0], burst_elems.items(), strict=True)):
         bars_with_runs({k: bursts[k][b][key] * 1e3 for k in settings},
                        {k: np.asarray(bursts[k][b]["times_s"]) * 1e3 for k in settings},
                        "ms per burst (bar: fastest, ticks: every repeat)",
@@ -267,7 +269,7 @@ def allreduce_overlap(runs: Mapping[str, Mapping[str, Any]]):  # noqa: ANN201
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 5), squeeze=False)
-    for ax, (mode, r) in zip(axes[0], runs.items()):
+    for ax, (mode, r) in zip(axes[0], runs.items(), strict=True):
         plot_timeline(parse_timeline(r["timeline"]), max_tensors=r["n_tensors"],
                       title=f"{mode}: when each gradient reached Horovod", ax=ax)
     fig.tight_layout()

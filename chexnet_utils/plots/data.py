@@ -65,7 +65,7 @@ def image_grid(images: Sequence[np.ndarray], titles: Sequence[str], cols: int = 
     fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * (size + 0.5)))
     for ax in np.atleast_1d(axes).ravel():
         ax.axis("off")
-    for ax, img, title in zip(np.atleast_1d(axes).ravel(), images, titles):
+    for ax, img, title in zip(np.atleast_1d(axes).ravel(), images, titles, strict=False):
         ax.imshow(img, cmap="gray", vmin=0, vmax=255)
         ax.set_title(title.replace("|", "\n"), fontsize=8)
     fig.tight_layout()
@@ -75,7 +75,8 @@ def image_grid(images: Sequence[np.ndarray], titles: Sequence[str], cols: int = 
 def similarity_histogram(same: Sequence[float] | np.ndarray,
                          different: Sequence[float] | np.ndarray, bins: int = 15):  # noqa: ANN201
     """Overlaid histograms of thumbnail correlations: pairs of films of the *same* patient
-    against pairs of *different* patients (:func:`chexnet_utils.data.leakage.same_patient_similarity`)."""
+    against pairs of *different* patients
+    (:func:`chexnet_utils.data.leakage.same_patient_similarity`)."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3))
@@ -95,7 +96,7 @@ def conversion_throughput(bench: Mapping[str, object]):  # noqa: ANN201
 
     runs = dict(bench["runs"])  # type: ignore[call-overload]
     fig, axes = plt.subplots(1, len(runs), figsize=(9, 3.2), sharey=True, squeeze=False)
-    for ax, (size, run) in zip(axes[0], runs.items()):
+    for ax, (size, run) in zip(axes[0], runs.items(), strict=True):
         rates = dict(run["mean_img_per_s"])
         ax.bar([f"{w} worker(s)" for w in rates], list(rates.values()),
                color=["tab:gray", "tab:blue"][: len(rates)])

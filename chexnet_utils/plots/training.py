@@ -8,6 +8,7 @@ import numpy as np
 
 from chexnet_utils.data.labels import PATHOLOGIES
 
+
 def learning_curves(history: Mapping[str, Sequence[float]], reference: float | None = None,
                     reference_label: str = "", title: str = ""):  # noqa: ANN201
     """Loss and mean AUROC per epoch, from the ``history`` of a training run.
@@ -89,7 +90,7 @@ def roc_curves(y_true: np.ndarray, y_score: np.ndarray, names: Sequence[str] = P
     flat = np.atleast_1d(axes).ravel()
     for ax in flat[len(names):]:
         ax.axis("off")
-    for c, (ax, name) in enumerate(zip(flat, names)):
+    for c, (ax, name) in enumerate(zip(flat, names, strict=False)):
         ax.plot([0, 1], [0, 1], ls=":", color="gray", lw=0.8)
         fpr, tpr = roc_curve(t[:, c], s[:, c])
         ref = f" | paper {reference[name]:.2f}" if reference and name in reference else ""
@@ -138,7 +139,7 @@ def grad_cam_overlay(image: np.ndarray, heatmaps: Mapping[str, np.ndarray], titl
     axes[0].imshow(grey, cmap="gray", vmin=0, vmax=1)
     axes[0].set_title("input", fontsize=9)
     im = None
-    for ax, (label, heat) in zip(axes[1:], heatmaps.items()):
+    for ax, (label, heat) in zip(axes[1:], heatmaps.items(), strict=True):
         h = np.asarray(heat, dtype=np.float64)
         if h.shape != grey.shape:
             raise ValueError(f"heat map {label!r} has shape {h.shape}, image {grey.shape}")

@@ -1,16 +1,21 @@
 """ipyparallel MPI engines started and torn down from Python (what notebook 04 does)."""
 
 import os
-import sys
 import stat
+import sys
 import time
 
 import cloudpickle
 import psutil
 import pytest
 
-from chexnet_utils.cluster.distributed import (ENGINE_HEARTBEAT_MISSES, HEARTBEAT_MS, EngineFailure,
-                                       MPICluster, rank_info)
+from chexnet_utils.cluster.distributed import (
+    ENGINE_HEARTBEAT_MISSES,
+    HEARTBEAT_MS,
+    EngineFailure,
+    MPICluster,
+    rank_info,
+)
 from chexnet_utils.platform.processes import alive
 from tests.support.listeners import ss_listeners
 
@@ -138,7 +143,7 @@ def test_interrupt_stops_the_task_or_else_the_whole_cluster(tmp_path):
     request is run, not aborted by ipykernel's stop-on-error; an engine that ignores SIGINT
     (rank 1 in an MPI barrier that rank 0 left) makes it stop the cluster, every process
     gone, and say so."""
-    import _thread
+    import _thread  # noqa: PLC2701 - stdlib low-level module; interrupt_main has no public alias
     import signal
     import threading
 
@@ -155,8 +160,8 @@ def _interrupts_on_a_cluster(tmp_path, _thread, threading):  # noqa: ANN001
     with MPICluster(n=2, interrupt_timeout=4) as cluster:
         pids = cluster.pids()
         # a %%px-style task: execute, then the SIGINT that the magic sends
-        ar = cluster.view.execute(f"import os, time\nfrom chexnet_utils.cluster.distributed import "
-                                  f"mpi_rank\nopen(os.path.join({str(tmp_path)!r}, "
+        ar = cluster.view.execute("import os, time\nfrom chexnet_utils.cluster.distributed "
+                                  f"import mpi_rank\nopen(os.path.join({str(tmp_path)!r}, "
                                   f"f'rank-{{mpi_rank()}}'), 'w').close()\ntime.sleep(600)",
                                   block=False)
         _wait_for_files(tmp_path, 2)

@@ -16,8 +16,12 @@ import numpy as np
 import pytest
 
 from chexnet_utils import horovod_keras as HK
-from chexnet_utils.cluster.distributed import (MPICluster, launcher_command, mpi_environment,
-                                       mpirun_command)
+from chexnet_utils.cluster.distributed import (
+    MPICluster,
+    launcher_command,
+    mpi_environment,
+    mpirun_command,
+)
 
 pytestmark = pytest.mark.mpi
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -212,7 +216,7 @@ def _one_worker(model, optimizer, loss_fn, tape_wrap=False, broadcast=False, sca
             tape = hvd.DistributedGradientTape(tape)
         variables = [v.value if value else v for v in model.trainable_variables]
         grads = tape.gradient(loss, variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
     return step
 

@@ -106,7 +106,8 @@ def test_train_cli_runs_unchanged_under_mpirun(hvd_tfrecords, tmp_path):
     from chexnet_utils.cluster.distributed import launcher_command, mpi_environment
 
     out = tmp_path / "run"
-    argv = ["python", "-m", "chexnet_utils", "train", "--horovod", "--tfrecords", str(hvd_tfrecords),
+    argv = ["python", "-m", "chexnet_utils", "train", "--horovod",
+            "--tfrecords", str(hvd_tfrecords),
             "--arch", "small", "--image-size", "32", "--batch-size", "8", "--epochs", "1",
             "--steps-per-epoch", "2", "--out", str(out), "--quiet"]
     proc = subprocess.run(launcher_command("mpirun", 2, argv), env=mpi_environment(2),

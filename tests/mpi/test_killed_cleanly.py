@@ -5,7 +5,8 @@ are busy (a handshake on something the work produces, never a sleep), and checke
 :mod:`proctree`: after SIGTERM the command exits with 143 within 10 s and leaves nothing;
 after SIGKILL of the command alone its whole tree is gone within 10 s. ``synth`` and
 ``tfrecords`` are then run again and must give the same bytes as an uninterrupted run.
-The pieces of :mod:`chexnet_utils.platform.processes` are tested in tests/unit/test_killed_cleanly.py.
+The pieces of :mod:`chexnet_utils.platform.processes` are tested in
+tests/unit/test_killed_cleanly.py.
 """
 
 from __future__ import annotations

@@ -17,8 +17,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from chexnet_utils.cluster.netns import (TwoNodes, leftovers, namespaces, new_prefix, root_links,
-                                 two_nodes, unavailable_reason)
+from chexnet_utils.cluster.netns import (
+    TwoNodes,
+    leftovers,
+    namespaces,
+    new_prefix,
+    root_links,
+    two_nodes,
+    unavailable_reason,
+)
 from chexnet_utils.collectives import MIB
 from chexnet_utils.linkbench import expected_link_bytes, run_probe, tcp_throughput
 from chexnet_utils.platform.processes import alive
@@ -103,7 +110,7 @@ def test_teardown_after_an_error_kills_what_runs_inside() -> None:
                 time.sleep(0.02)
             inside = n.pids()
             n.shape(100e6)
-            1 / 0
+            raise ZeroDivisionError("an error while the nodes are up")
     assert inside, "the sleeper never showed up inside the namespace"
     assert sleeper.wait(timeout=10) != 0  # killed, not finished
     assert alive(inside) == []

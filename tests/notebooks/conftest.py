@@ -1,8 +1,8 @@
 """What the browser tests share (test_browser.py, test_learner_session.py): one JupyterLab and
 one headless Chromium for the whole folder, and where the screenshots go.
 
-JupyterLab is started as ``make lab`` starts it (:class:`tests.support.lab_server.LabServer`, the same
-arguments) over a temporary folder: a copy of ``notebooks/`` (so the committed notebooks get
+JupyterLab is started as ``make lab`` starts it (:class:`tests.support.lab_server.LabServer`, the
+same arguments) over a temporary folder: a copy of ``notebooks/`` (so the committed notebooks get
 no kernel metadata, autosave or checkpoints) and an empty ``scratch/`` folder for notebooks
 the tests write. Its kernels are culled after :data:`CULL_IDLE_S` idle seconds without a
 browser (``make lab``: an hour), so that a closed browser's kernel can be seen going.
@@ -71,7 +71,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-        assert not described, "processes left after teardown (now killed):\n" + "\n".join(described)
+        assert not described, ("processes left after teardown (now killed):\n"
+                               + "\n".join(described))
         assert server.state_dir is None
 
 

@@ -22,9 +22,18 @@ import time
 import pytest
 
 from chexnet_utils import lab as lab_module
-from chexnet_utils.lab import (CULL_IDLE_S, LAB_OVERRIDES, MPI_PROFILE, PROJECT_KERNEL,
-                               PROJECT_KERNEL_DISPLAY, SIDEBAR_ENGINES, install_lab_overrides,
-                               install_mpi_profile, lab_args, main)
+from chexnet_utils.lab import (
+    CULL_IDLE_S,
+    LAB_OVERRIDES,
+    MPI_PROFILE,
+    PROJECT_KERNEL,
+    PROJECT_KERNEL_DISPLAY,
+    SIDEBAR_ENGINES,
+    install_lab_overrides,
+    install_mpi_profile,
+    lab_args,
+    main,
+)
 from tests.notebooks.conftest import NOTEBOOKS
 from tests.support.lab_server import LabServer, heading_text, notebook_title
 
@@ -197,7 +206,8 @@ def lab_page(lab, browser):  # noqa: ANN001, ANN201
 def _close_current_tab(page) -> None:  # noqa: ANN001
     """Close the notebook's tab; "Discard" if JupyterLab asks to save (the kernel adds its
     language_info to the notebook's metadata)."""
-    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabCloseIcon").click()
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current "
+                 ".lm-TabBar-tabCloseIcon").click()
     deadline = time.monotonic() + 15
     while page.locator(".jp-NotebookPanel:visible").count() and time.monotonic() < deadline:
         discard = page.locator(".jp-Dialog button", has_text="Discard")
@@ -223,14 +233,16 @@ def test_notebook_renders_title_with_project_kernel(lab, lab_page, shots, notebo
                                      timeout=TIMEOUT_MS)
         expect(panel.locator(".jp-NotebookPanel-toolbar .jp-KernelName")).to_have_text(
             PROJECT_KERNEL_DISPLAY, timeout=TIMEOUT_MS)
-        expect(page.locator('.jp-SideBar .lm-TabBar-tab[title="IPython Parallel"]')).to_have_count(1)
+        expect(page.locator(
+            '.jp-SideBar .lm-TabBar-tab[title="IPython Parallel"]')).to_have_count(1)
         deadline = time.monotonic() + TIMEOUT_MS / 1000
         while True:   # the kernel behind the selector really is the project kernel, alive
             kernels = [s["kernel"] for s in lab.request("/api/sessions")
                        if s["path"] == notebook.name]
             if kernels and kernels[0]["execution_state"] in ("idle", "busy"):
                 break
-            assert time.monotonic() < deadline, f"kernel did not start: {kernels}\n{lab.log_tail()}"
+            assert time.monotonic() < deadline, (f"kernel did not start: {kernels}\n"
+                                                 f"{lab.log_tail()}")
             time.sleep(0.25)
         assert kernels[0]["name"] == PROJECT_KERNEL
     finally:

@@ -78,7 +78,8 @@ AGAIN_CELL = "%%px\nprint(f\"rank {mpi_rank()} is back\")"
 SIDEBAR_CHECK_CELL = ("from mpi4py import MPI\n\n"
                       "rc.wait_for_engines(2, timeout=120)  # 'running': the controller; "
                       "engines follow\n"
-                      "world = rc[:].apply_sync(lambda: (MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size))\n"
+                      "world = rc[:].apply_sync(lambda: (MPI.COMM_WORLD.rank, "
+                      "MPI.COMM_WORLD.size))\n"
                       "print(\"ranks and world size per engine:\", sorted(world))")
 
 
@@ -251,7 +252,8 @@ def test_run_all_cells_of_notebook_00_shows_outputs_and_no_error(session: Sessio
         # what test_browser.py checks of the other notebooks: title, kernel (open_notebook),
         # the sidebar
         heading = page.locator(".jp-NotebookPanel .jp-RenderedMarkdown h1").first
-        assert heading.inner_text().strip().rstrip("¶").strip() == notebook_title(lab.root_dir / path)
+        assert (heading.inner_text().strip().rstrip("¶").strip()
+                == notebook_title(lab.root_dir / path))
         assert page.locator('.jp-SideBar .lm-TabBar-tab[title="IPython Parallel"]').count() == 1
         t0 = time.monotonic()
         menu(page, "Run", "runmenu:run-all")

@@ -7,8 +7,12 @@ from pathlib import Path
 import pytest
 
 from chexnet_utils.notebook.clean import clean_notebook
-from tests.support.notebook_lint import (PROSE_NUMBER_OK, hygiene_problems, prose_number_problems,
-                                         unlabelled_numbers)
+from tests.support.notebook_lint import (
+    PROSE_NUMBER_OK,
+    hygiene_problems,
+    prose_number_problems,
+    unlabelled_numbers,
+)
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -240,7 +244,8 @@ def test_make_test_prints_the_wall_time_table(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "tests (2 workers)" in out.stdout and ", tests stage 90 %" in out.stdout
     work = next(line for line in out.stdout.splitlines() if line.startswith("CPU work: "))
-    assert f"tests stage {480 * 0.9 * (os.cpu_count() or 1):.0f}" in work, work  # wall x share x CPUs
+    # wall x share x CPUs
+    assert f"tests stage {480 * 0.9 * (os.cpu_count() or 1):.0f}" in work, work
 
 
 def test_stage_times_hand_the_tests_stage_wall_time_to_the_notebook_stage(tmp_path):

@@ -22,8 +22,14 @@ import numpy as np
 from PIL import Image
 
 from chexnet_utils.data import tfrecords as T
-from chexnet_utils.data.nih import (CSV_NAME, TEST_LIST, TRAIN_VAL_LIST, ImageRecord, write_data_entry,
-                               write_split_list)
+from chexnet_utils.data.nih import (
+    CSV_NAME,
+    TEST_LIST,
+    TRAIN_VAL_LIST,
+    ImageRecord,
+    write_data_entry,
+    write_split_list,
+)
 
 
 def synthetic_tfrecords(root: Path, n: int, size: int, shard_size: int, seed: int = 0) -> Path:

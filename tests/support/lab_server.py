@@ -27,8 +27,15 @@ from typing import IO
 
 import psutil
 
-from chexnet_utils.lab import (CULL_IDLE_S, CULL_INTERVAL_S, LOOPBACK, PROJECT_KERNEL,
-                               install_lab_overrides, install_mpi_profile, lab_args)
+from chexnet_utils.lab import (
+    CULL_IDLE_S,
+    CULL_INTERVAL_S,
+    LOOPBACK,
+    PROJECT_KERNEL,
+    install_lab_overrides,
+    install_mpi_profile,
+    lab_args,
+)
 from chexnet_utils.platform.ports import free_port
 
 _INLINE = [
@@ -175,8 +182,8 @@ class LabServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"JupyterLab did not answer within {self.startup_timeout:.0f} s:\n"
-                                   + self.log_tail())
+                raise TimeoutError("JupyterLab did not answer within "
+                                   f"{self.startup_timeout:.0f} s:\n" + self.log_tail())
             time.sleep(0.2)
 
     def stop(self, timeout: float = 15.0) -> list[int]:
@@ -188,7 +195,8 @@ class LabServer:
         proc = self.process
         if proc is not None:
             try:
-                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                tree = [psutil.Process(proc.pid),
+                        *psutil.Process(proc.pid).children(recursive=True)]
             except psutil.NoSuchProcess:
                 tree = []
             if proc.poll() is None:

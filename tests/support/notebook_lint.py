@@ -11,6 +11,7 @@ from pathlib import Path
 
 from chexnet_utils.notebook.clean import VOLATILE_NB_META, is_checked
 
+
 def hygiene_problems(path: Path) -> list[str]:
     """What is wrong with a committed notebook.
 

@@ -21,8 +21,13 @@ from typing import TypeVar
 import psutil
 import pytest
 
-from chexnet_utils.platform.processes import (LIFELINE_ENV, WATCHDOG_MODULE, lifeline_tokens,
-                                              marked_processes, wait_gone)
+from chexnet_utils.platform.processes import (
+    LIFELINE_ENV,
+    WATCHDOG_MODULE,
+    lifeline_tokens,
+    marked_processes,
+    wait_gone,
+)
 
 T = TypeVar("T")
 

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+
 def notebook_of(nodeid: str) -> str | None:
     """The notebook a pytest/nbval test id belongs to (``notebooks/02_x.ipynb::Cell 3`` ->
     ``notebooks/02_x.ipynb``), or ``None`` for an ordinary test."""

@@ -167,7 +167,7 @@ def test_serial_decode_times_the_pipeline_beside_itself_on_one_thread(capsys, mo
             seen.append({name: ds.options().threading.private_threadpool_size
                          for name, ds in datasets.items()})
             return {name: benchmark.ThroughputResult([r], [1.0], [int(r)], 1, True)
-                    for name, r in zip(datasets, rates)}
+                    for name, r in zip(datasets, rates, strict=True)}
         return compare
 
     monkeypatch.setattr(benchmark, "compare_pipelines", fake_compare([105.0, 100.0]))

@@ -87,7 +87,7 @@ def epoch_images(ds) -> list[dict[str, np.ndarray]]:
     out = []
     for _ in range(2):
         out.append({n.decode(): x for xb, _, nb in ds.as_numpy_iterator()
-                    for x, n in zip(xb, nb)})
+                    for x, n in zip(xb, nb, strict=True)})
     return out
 
 
@@ -101,7 +101,8 @@ def test_cache_serves_the_same_examples_and_flips_after_the_cache(files, tmp_pat
         assert np.allclose(e1[n], e2[n][:, ::-1]) or np.allclose(e1[n][:, ::-1], e2[n])
     # uncached reference decode equals the cached values (up to the flip)
     ref = F.cached_pipeline(files, 4, S, training=False, with_names=True)
-    r = {n.decode(): x for xb, _, nb in ref.as_numpy_iterator() for x, n in zip(xb, nb)}
+    r = {n.decode(): x for xb, _, nb in ref.as_numpy_iterator()
+         for x, n in zip(xb, nb, strict=True)}
     for n in NAMES:
         assert np.allclose(r[n], e1[n]) or np.allclose(r[n], e1[n][:, ::-1])
 

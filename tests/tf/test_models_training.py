@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.support.datasets import synthetic_tfrecords
 
 from chexnet_utils import training as T
 from chexnet_utils.cli import main
 from chexnet_utils.data.labels import NUM_CLASSES, PATHOLOGIES
 from chexnet_utils.model import models as M
 from chexnet_utils.train_data import eval_dataset
+from tests.support.datasets import synthetic_tfrecords
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -73,7 +73,7 @@ class Capture(keras.callbacks.Callback):
 
 def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert len(a["weights"]) == len(b["weights"])
-    for x, y in zip(a["weights"], b["weights"]):
+    for x, y in zip(a["weights"], b["weights"], strict=True):
         np.testing.assert_array_equal(x, y)
     assert a["optimizer"].keys() == b["optimizer"].keys()
     for k in a["optimizer"]:
@@ -140,7 +140,7 @@ def test_full_model_weights_file_roundtrip(tmp_path: Path) -> None:
         w.assign(np.random.default_rng(1).normal(size=w.shape).astype("float32"))
     a.save_weights(tmp_path / "a.weights.h5")
     b = M.build_chexnet("small", 32, weights=tmp_path / "a.weights.h5")
-    for x, y in zip(a.weights, b.weights):
+    for x, y in zip(a.weights, b.weights, strict=True):
         np.testing.assert_array_equal(np.array(x), np.array(y))
 
 
@@ -152,7 +152,7 @@ def test_imagenet_notop_file_loads_into_backbone(tmp_path: Path) -> None:
     path = tmp_path / "resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5"
     src.save(path)  # legacy HDF5, the format keras-applications ships
     model = M.build_chexnet("resnet50", 64, weights=path)
-    for x, y in zip(src.weights, model.get_layer("backbone").weights):
+    for x, y in zip(src.weights, model.get_layer("backbone").weights, strict=True):
         np.testing.assert_array_equal(np.array(x), np.array(y))
 
 
@@ -175,12 +175,12 @@ def test_gradient_reducer_seam() -> None:
     before = [np.array(w) for w in model.trainable_weights]
     model.train_on_batch(x, y)
     assert seen and seen[0] == len(model.trainable_weights)
-    for b, w in zip(before, model.trainable_weights):
+    for b, w in zip(before, model.trainable_weights, strict=True):
         np.testing.assert_array_equal(b, np.array(w))
     model.gradient_reducer = None  # resets the compiled step: identity again
     model.train_on_batch(x, y)
     assert any(not np.array_equal(b, np.array(w))
-               for b, w in zip(before, model.trainable_weights))
+               for b, w in zip(before, model.trainable_weights, strict=True))
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,9 +208,9 @@ def test_weighted_bce_matches_hand_computation() -> None:
     p = [[0.9, 0.2, 0.6], [0.3, 0.1, 0.7]]
     w_pos, w_neg = [0.6, 0.5, 0.8], [0.4, 0.5, 0.2]
     per_image = []
-    for yi, pi in zip(y, p):
+    for yi, pi in zip(y, p, strict=True):
         terms = [-(wp * t * math.log(q) + wn * (1 - t) * math.log(1 - q))
-                 for t, q, wp, wn in zip(yi, pi, w_pos, w_neg)]
+                 for t, q, wp, wn in zip(yi, pi, w_pos, w_neg, strict=True)]
         per_image.append(sum(terms) / len(terms))
     expected = sum(per_image) / len(per_image)
     loss = M.WeightedBCE(w_pos, w_neg)
@@ -378,7 +378,7 @@ def test_outputs_on_disk(first_run: Any) -> None:
     assert metrics["timing"]["timed_epochs"] == EPOCHS - 1  # first epoch = warm-up
     # the best weights are the ones evaluated
     best = M.build_chexnet("small", PX, weights=ck / T.BEST_NAME)
-    for a, b in zip(best.weights, result.model.weights):
+    for a, b in zip(best.weights, result.model.weights, strict=False):
         np.testing.assert_array_equal(np.array(a), np.array(b))
 
 

@@ -79,7 +79,7 @@ def collect(ds: tf.data.Dataset) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     on a name seen twice."""
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for images, labels, names in ds:
-        for img, lab, n in zip(images.numpy(), labels.numpy(), names.numpy()):
+        for img, lab, n in zip(images.numpy(), labels.numpy(), names.numpy(), strict=True):
             key = n.decode()
             assert key not in out, f"{key} delivered twice"
             out[key] = (img, lab)
@@ -284,9 +284,9 @@ def test_time_training_and_timeline(files: list[Path]) -> None:
 
     tl = B.record_timeline(ds, B.train_step_fn(model), n_steps=3)
     assert len(tl.t_request) == len(tl.t_batch_ready) == len(tl.t_step_done) == 3
-    for q, r_, d in zip(tl.t_request, tl.t_batch_ready, tl.t_step_done):
+    for q, r_, d in zip(tl.t_request, tl.t_batch_ready, tl.t_step_done, strict=True):
         assert 0 <= q <= r_ <= d
-    assert all(a <= b for a, b in zip(tl.t_step_done, tl.t_request[1:]))
+    assert all(a <= b for a, b in zip(tl.t_step_done, tl.t_request[1:], strict=False))
     assert 0 <= tl.wait_fraction <= 1 and len(tl.segments()["compute"]) == 3
 
 
@@ -322,7 +322,8 @@ def test_shard_counts_match_the_pipelines(files: list[Path], num_workers: int) -
         kw = dict(training=False, num_workers=num_workers, worker_index=i, with_names=True)
         assert r["old_decoded"] == N_EXAMPLES  # everybody decodes everything
         assert r["old_kept"] == len(names_of(P.old_approach(files, 8, S, **kw)))
-        assert r["new_decoded"] == r["new_kept"] == len(names_of(P.new_approach(files, 8, S, **kw)))
+        assert r["new_decoded"] == r["new_kept"] == len(
+            names_of(P.new_approach(files, 8, S, **kw)))
         assert r["new_files"] == len(files[i::num_workers])
     with pytest.raises(ValueError):
         B.shard_counts(files, 0, counts=counts)

@@ -174,7 +174,8 @@ def test_folder_lock_is_released_when_its_holder_is_killed(tmp_path, capsys):
     from chexnet_utils.platform.atomic import folder_lock
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom chexnet_utils.platform.atomic import folder_lock\n"
+        [sys.executable, "-c", "import sys, time\n"
+         "from chexnet_utils.platform.atomic import folder_lock\n"
          f"with folder_lock({str(tmp_path)!r}):\n    print('held', flush=True)\n"
          "    time.sleep(600)"], stdout=subprocess.PIPE, text=True)
     try:

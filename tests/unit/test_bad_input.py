@@ -217,11 +217,11 @@ def test_a_benchmark_json_that_cannot_be_written_fails_before_the_benchmark(
 
 
 def test_an_os_error_is_one_line_naming_the_file():
-    from chexnet_utils.cli import _error_line
+    from chexnet_utils.cli import error_line
 
     e = PermissionError(errno.EACCES, "Permission denied", "/data/out/manifest.json")
-    assert _error_line(e) == "/data/out/manifest.json: Permission denied"
-    assert _error_line(OSError(errno.ENOSPC, "No space left on device")) == \
+    assert error_line(e) == "/data/out/manifest.json: Permission denied"
+    assert error_line(OSError(errno.ENOSPC, "No space left on device")) == \
         "No space left on device"
 
 

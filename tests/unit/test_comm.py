@@ -124,15 +124,24 @@ def test_predictions_ring_flat_ps_linear_and_efficiency():
 
 # -- timeline parser ---------------------------------------------------------------------------
 
+# a backslash at the end of a line inside these strings joins it to the next: each string
+# holds the same lines as the timeline Horovod writes
 HEAD = """[
 {"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros":1}},
 {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "grad_0"}},
 {"name": "process_sort_index", "ph": "M", "pid": 1, "args": {"sort_index": 1}},
-{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 100, "pid": 1},{"ph": "X", "name": "0", "ts": 101, "pid": 1, "dur": 0},{"ph": "X", "name": "1", "ts": 150, "pid": 1, "dur": 0},{"ph": "E", "ts": 151, "pid": 1},
-{"ph": "B", "name": "ALLREDUCE", "ts": 160, "pid": 1},{"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": 161, "pid": 1},{"ph": "E", "ts": 170, "pid": 1},
-{"ph": "B", "name": "MPI_ALLREDUCE", "ts": 171, "pid": 1},{"ph": "E", "ts": 300, "pid": 1},{"ph": "E", "ts": 310, "pid": 1, "args": {"dtype": "float32", "shape": "[10]"}}"""
+{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 100, "pid": 1},\
+{"ph": "X", "name": "0", "ts": 101, "pid": 1, "dur": 0},\
+{"ph": "X", "name": "1", "ts": 150, "pid": 1, "dur": 0},{"ph": "E", "ts": 151, "pid": 1},
+{"ph": "B", "name": "ALLREDUCE", "ts": 160, "pid": 1},\
+{"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": 161, "pid": 1},\
+{"ph": "E", "ts": 170, "pid": 1},
+{"ph": "B", "name": "MPI_ALLREDUCE", "ts": 171, "pid": 1},{"ph": "E", "ts": 300, "pid": 1},\
+{"ph": "E", "ts": 310, "pid": 1, "args": {"dtype": "float32", "shape": "[10]"}}"""
 MORE = """,
-{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 400, "pid": 1},{"ph": "E", "ts": 420, "pid": 1},{"ph": "B", "name": "ALLREDUCE", "ts": 430, "pid": 1},{"ph": "B", "name": "MPI_ALLREDUCE", "ts": 431, "pid": 1},{"ph": "E", "ts": 500, "pid": 1},"""
+{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 400, "pid": 1},{"ph": "E", "ts": 420, "pid": 1},\
+{"ph": "B", "name": "ALLREDUCE", "ts": 430, "pid": 1},\
+{"ph": "B", "name": "MPI_ALLREDUCE", "ts": 431, "pid": 1},{"ph": "E", "ts": 500, "pid": 1},"""
 
 
 def test_parse_timeline_matches_begin_end_and_tolerates_an_open_file(tmp_path):

@@ -40,7 +40,8 @@ def test_alpha_beta_fit_draws_measurements_and_the_model():
     assert len(lines) == 4  # measured points + model line per series
     measured, model = lines[0], lines[1]
     np.testing.assert_allclose(measured.get_ydata(), np.asarray(times) * 1e3)
-    np.testing.assert_allclose(model.get_ydata(), np.asarray(times) * 1e3)  # exact data: on the line
+    # exact data: on the line
+    np.testing.assert_allclose(model.get_ydata(), np.asarray(times) * 1e3)
     assert model.get_color() == measured.get_color()
     assert "alpha 20 us, 1/beta 1.00 GB/s" in _labels(ax)[1]
 

@@ -74,7 +74,7 @@ def test_every_override_names_a_field_and_every_field_is_documented():
     source = Path(config.__file__).read_text(encoding="utf-8")
     cls = next(n for n in ast.parse(source).body
                if isinstance(n, ast.ClassDef) and n.name == "Scale")
-    documented = {a.target.id for a, doc in zip(cls.body, cls.body[1:])
+    documented = {a.target.id for a, doc in zip(cls.body, cls.body[1:], strict=False)
                   if isinstance(a, ast.AnnAssign) and isinstance(doc, ast.Expr)
                   and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)}
     assert fields - documented == set(), "document each Scale field (which notebooks read it)"

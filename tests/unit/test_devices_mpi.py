@@ -21,7 +21,8 @@ def test_thread_budget():
 def test_mpi_environment_is_root_safe_and_budgets_threads():
     env = distributed.mpi_environment(2, base={"PATH": "/bin"})
     if os.geteuid() == 0:
-        assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+        assert (env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
+                and env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1")
     else:
         assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
     assert env["OMP_NUM_THREADS"] == str(devices.cpu_thread_budget(2))

@@ -8,8 +8,12 @@ from collections import defaultdict
 
 import pytest
 
-from chexnet_utils.cluster.engine_interrupts import (is_sigint, pending_tasks, settle_on_sigint,
-                                             wait_for_tasks)
+from chexnet_utils.cluster.engine_interrupts import (
+    is_sigint,
+    pending_tasks,
+    settle_on_sigint,
+    wait_for_tasks,
+)
 
 
 class FakeClient:

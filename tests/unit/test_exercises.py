@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 import pytest
-from tests.support.datasets import synthetic_tfrecords
 
 from chexnet_utils import comm
 from chexnet_utils.bench import benchmark
@@ -20,6 +19,7 @@ from chexnet_utils.data import synthetic
 from chexnet_utils.data import tfrecords as T
 from chexnet_utils.hardware import devices
 from chexnet_utils.notebook import exercises
+from tests.support.datasets import synthetic_tfrecords
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("0*.ipynb"))
 SHARD_SIZE = 5

@@ -116,7 +116,8 @@ def test_a_namespace_of_its_own_is_seen_even_where_pid_1_is_hidden(monkeypatch):
     monkeypatch.setattr(exposure, "_parent", {11: 10, 10: 1}.__getitem__)
     real_read_text = exposure.Path.read_text
     monkeypatch.setattr(exposure.Path, "read_text", lambda self, *a, **k: (
-        "0 0 4294967295\n" if str(self) == "/proc/self/uid_map" else real_read_text(self, *a, **k)))
+        "0 0 4294967295\n" if str(self) == "/proc/self/uid_map"
+        else real_read_text(self, *a, **k)))
     assert exposure.in_private_network_namespace()          # 11 in net:[2], 10 in net:[1]
     spaces[10] = "net:[2]"
     assert not exposure.in_private_network_namespace()      # all the way up: the same one
@@ -144,4 +145,5 @@ def test_without_user_namespaces_the_private_command_says_why_in_one_line(monkey
                           "Operation not permitted: this host does not let your account make "
                           "one (unprivileged user namespaces off") and err.count("\n") == 1
     assert exposure.main(["private", "make"]) == 2
-    assert "usage: python -m chexnet_utils.platform.exposure private -- COMMAND" in capsys.readouterr().err
+    assert ("usage: python -m chexnet_utils.platform.exposure private -- COMMAND"
+            in capsys.readouterr().err)

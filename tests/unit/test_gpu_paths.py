@@ -428,10 +428,11 @@ def test_both_archs_side_by_side() -> None:
     for arch, (_, calls) in runners.items():
         assert [cfg.arch for _, cfg in calls] == [arch, arch]
     lines = gpu_node.format_arch_comparison(tables).splitlines()
-    assert lines[0].split() == ["GPUs", "densenet121", "img/s", "eff.", "resnet50", "img/s", "eff."]
+    assert lines[0].split() == ["GPUs", "densenet121", "img/s", "eff.",
+                                "resnet50", "img/s", "eff."]
     row = lines[2].split()
     assert row[0] == "2"
-    for arch, (rate, eff) in zip(gpu_node.ARCHS, [row[1:3], row[3:5]]):
+    for arch, (rate, eff) in zip(gpu_node.ARCHS, [row[1:3], row[3:5]], strict=True):
         assert float(rate) == pytest.approx(tables[arch]["img_per_s"]["2"], abs=0.05)
         assert eff == f"{tables[arch]['efficiency']['2']:.0%}"
 
@@ -467,7 +468,8 @@ def test_utilisation_old_vs_new_with_fakes_and_its_figure() -> None:
     assert list(out) == ["old", "new"] and [c.pipeline for _, c in calls] == ["old", "new"]
     assert all(k == 1 for k, _ in calls)
     for p in out.values():
-        assert p["samples"] and {"t", "gpu", "util_percent", "mem_used_mib"} <= set(p["samples"][0])
+        assert (p["samples"]
+                and {"t", "gpu", "util_percent", "mem_used_mib"} <= set(p["samples"][0]))
         assert 0 <= p["summary"]["idle_share"] <= 1
     fig = plots.gpu_utilisation(out)
     assert len(fig.axes) == 2 and "old pipeline" in fig.axes[0].get_title()

@@ -60,7 +60,8 @@ def test_run_nvidia_smi_stdout_or_none():
     def hang(cmd, **kw):
         raise subprocess.TimeoutExpired(cmd, 30)
 
-    assert devices.run_nvidia_smi(["-L"], ok).startswith("GPU 0") and calls == [["nvidia-smi", "-L"]]
+    assert (devices.run_nvidia_smi(["-L"], ok).startswith("GPU 0")
+            and calls == [["nvidia-smi", "-L"]])
     assert devices.run_nvidia_smi(["-L"], bad) is None
     assert devices.run_nvidia_smi(["topo", "-m"], hang) is None
 

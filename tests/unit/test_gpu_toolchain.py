@@ -63,7 +63,8 @@ class FakeEnv:
         self.prefix = tmp / "venv"
         self.site = self.prefix / "lib" / "python3.11" / "site-packages"
         self.nv = self.site / "nvidia"
-        self.python = _exe(self.prefix / "bin" / "python", f'printf "%s\\n%s\\n" "{self.prefix}" "{self.site}"')
+        self.python = _exe(self.prefix / "bin" / "python",
+                           f'printf "%s\\n%s\\n" "{self.prefix}" "{self.site}"')
         self.bin = tmp / "bin"          # extra PATH entries (fake nvcc) go here
         self.bin.mkdir()
         self.tools = tmp / "tools"      # the standard tools the script uses, nothing else
@@ -75,9 +76,10 @@ class FakeEnv:
 
     def tensorflow(self, cuda: str = "12.5.1", cuda_build: bool = True) -> None:
         _file(self.site / "tensorflow/python/platform/build_info.py",
-              "import collections\nbuild_info = collections.OrderedDict([('cpu_compiler', 'clang'), "
-              f"('cuda_version', '{cuda}'), ('cudnn_version', '9'), ('is_cuda_build', {cuda_build}), "
-              "('is_rocm_build', False)])\n")
+              "import collections\n"
+              "build_info = collections.OrderedDict([('cpu_compiler', 'clang'), "
+              f"('cuda_version', '{cuda}'), ('cudnn_version', '9'), "
+              f"('is_cuda_build', {cuda_build}), ('is_rocm_build', False)])\n")
 
     def cu12_wheels(self, cudart: int = 12090, nccl=(2, 32, 3), cccl: bool = True) -> None:
         """What tensorflow[and-cuda] + nvidia-cuda-cccl-cu12 install."""
@@ -87,7 +89,8 @@ class FakeEnv:
         _file(rt / "lib/libcudart_static.a")
         _file(rt / "lib/libcudart.so.12")
         _file(self.nv / "nccl/include/nccl.h",
-              "#define NCCL_MAJOR {}\n#define NCCL_MINOR {}\n#define NCCL_PATCH {}\n".format(*nccl))
+              ("#define NCCL_MAJOR {}\n#define NCCL_MINOR {}\n"
+               "#define NCCL_PATCH {}\n").format(*nccl))
         _file(self.nv / "nccl/lib/libnccl.so.2")
         if cccl:
             _file(self.nv / "cuda_cccl/include/nv/target")
@@ -105,8 +108,8 @@ class FakeEnv:
 
     def run(self, *, path_extra=(), cuda_home=None, default_homes="", **env):
         path = ":".join([*(str(p) for p in path_extra), str(self.bin), str(self.tools)])
-        full = {"PATH": path, "CHEXNET_CUDA_SMOKE": "0", "CHEXNET_CUDA_DEFAULT_HOMES": default_homes,
-                **env}
+        full = {"PATH": path, "CHEXNET_CUDA_SMOKE": "0",
+                "CHEXNET_CUDA_DEFAULT_HOMES": default_homes, **env}
         if cuda_home is not None:
             full["CUDA_HOME"] = str(cuda_home)
         return subprocess.run([BASH, str(SCRIPT), "--python", str(self.python)], env=full,
@@ -116,9 +119,10 @@ class FakeEnv:
 def exports(stdout: str) -> dict[str, str]:
     """The variables the script's output sets, read back by bash's own eval."""
     out = subprocess.run(
-        [BASH, "-c", 'PATH=/FAKE; LDFLAGS=; eval "$1"; for v in HOROVOD_GPU_OPERATIONS HOROVOD_CUDA_HOME '
-         'HOROVOD_NCCL_INCLUDE HOROVOD_NCCL_LIB HOROVOD_NCCL_LINK HOROVOD_BUILD_CUDA_CC_LIST PATH LDFLAGS '
-         'CMAKE_GENERATOR CHEXNET_CUDA_ROUTE CHEXNET_CUDA_VERSION CHEXNET_NVCC_VERSION CHEXNET_NCCL_VERSION '
+        [BASH, "-c", 'PATH=/FAKE; LDFLAGS=; eval "$1"; for v in '
+         'HOROVOD_GPU_OPERATIONS HOROVOD_CUDA_HOME HOROVOD_NCCL_INCLUDE HOROVOD_NCCL_LIB '
+         'HOROVOD_NCCL_LINK HOROVOD_BUILD_CUDA_CC_LIST PATH LDFLAGS CMAKE_GENERATOR '
+         'CHEXNET_CUDA_ROUTE CHEXNET_CUDA_VERSION CHEXNET_NVCC_VERSION CHEXNET_NCCL_VERSION '
          'CHEXNET_CUDA_KEY; do printf "%s=%s\\n" "$v" "${!v-<unset>}"; done', "_", stdout],
         capture_output=True, text=True, check=True)
     return dict(line.split("=", 1) for line in out.stdout.splitlines())
@@ -145,7 +149,8 @@ def test_node_toolkit_with_tensorflows_cuda_major_is_used(env):
     assert v["HOROVOD_GPU_OPERATIONS"] == "NCCL"
     assert v["HOROVOD_NCCL_LINK"] == "SHARED"
     assert v["HOROVOD_NCCL_INCLUDE"] == str(env.nv / "nccl/include")
-    assert (Path(v["HOROVOD_NCCL_LIB"]) / "libnccl.so").resolve() == env.nv / "nccl/lib/libnccl.so.2"
+    assert ((Path(v["HOROVOD_NCCL_LIB"]) / "libnccl.so").resolve()
+            == env.nv / "nccl/lib/libnccl.so.2")
     assert v["HOROVOD_BUILD_CUDA_CC_LIST"] == "70,75,80,90"   # CUDA 12 still targets V100
     assert v["PATH"] == f"{home}/bin:/FAKE"
     assert "node toolkit CUDA 12.4.131" in r.stderr
@@ -170,7 +175,8 @@ def test_mismatching_node_toolkit_falls_back_to_pip_wheels(env):
     r = env.run(path_extra=[node / "bin"])
     assert r.returncode == 0, r.stderr
     # says why the node's toolkit was not used
-    assert f"node toolkit CUDA 13.0.88 at {node}: its major 13 is not TensorFlow's CUDA 12" in r.stderr
+    assert (f"node toolkit CUDA 13.0.88 at {node}: its major 13 is not TensorFlow's CUDA 12"
+            in r.stderr)
     v = exports(r.stdout)
     home = env.prefix / "cuda-home"
     assert v["CHEXNET_CUDA_ROUTE"] == "pip-wheels: nvcc 13.0.88 + CUDA 12.9 headers"
@@ -185,7 +191,8 @@ def test_mismatching_node_toolkit_falls_back_to_pip_wheels(env):
     assert (home / "bin/nvcc").resolve() == env.nv / "cu13/bin/nvcc"
     assert "$(_HERE_)/.." in (home / "bin/nvcc.profile").read_text()
     assert not (home / "bin/nvcc.profile").is_symlink()
-    assert (home / "include/cuda_runtime_api.h").resolve() == env.nv / "cuda_runtime/include/cuda_runtime_api.h"
+    assert ((home / "include/cuda_runtime_api.h").resolve()
+            == env.nv / "cuda_runtime/include/cuda_runtime_api.h")
     assert (home / "include/crt").resolve() == env.nv / "cu13/include/crt"
     assert (home / "include/nv/target").exists()
     assert (home / "nvvm/bin/cicc").exists()
@@ -224,7 +231,7 @@ def test_mismatching_toolkit_and_no_nvcc_wheel_names_what_is_missing(env):
     assert r.stdout == ""
     assert "its major 13 is not TensorFlow's CUDA 12" in r.stderr
     assert "nvcc: no CUDA toolkit whose major is 12" in r.stderr
-    assert "pip install nvidia-cuda-nvcc==13.0.88" in r.stderr      # the pin of requirements/gpu.txt
+    assert "pip install nvidia-cuda-nvcc==13.0.88" in r.stderr  # the pin of requirements/gpu.txt
 
 
 def test_no_nvcc_anywhere_and_no_wheel_fails(env):
@@ -300,6 +307,8 @@ def test_gpu_requirements_pin_every_wheel_the_route_names():
         assert f"\n{name}==" in text, name
     tf_cpu = ROOT / "requirements" / "tf-cpu.txt"
     if tf_cpu.exists():   # the same TensorFlow version on CPU and GPU
-        cpu = [ln.split("==")[1] for ln in tf_cpu.read_text().splitlines() if ln.startswith("tensorflow-cpu==")]
-        gpu = [ln.split("==")[1] for ln in text.splitlines() if ln.startswith("tensorflow[and-cuda]==")]
+        cpu = [ln.split("==")[1] for ln in tf_cpu.read_text().splitlines()
+               if ln.startswith("tensorflow-cpu==")]
+        gpu = [ln.split("==")[1] for ln in text.splitlines()
+               if ln.startswith("tensorflow[and-cuda]==")]
         assert cpu == gpu

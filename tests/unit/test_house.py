@@ -33,12 +33,12 @@ LESSON_APIS: dict[str, tuple[str, ...]] = {
     "02_input_pipeline_old_vs_new": ("from_tensor_slices", ".shard(", ".interleave(",
                                      ".prefetch(", "num_parallel_calls", "tf.data.Options()",
                                      "map_parallelization", "tf.io.decode_png", ".batch(",
-                                     "inject_prefetch", ".with_options(", "tf.data.TFRecordDataset",
-                                     ".shuffle(", ".repeat(", ".flat_map(", "tf.data.AUTOTUNE",
-                                     "deterministic=", "tf.io.parse_single_example",
-                                     "tf.io.parse_example", "tf.image.resize",
-                                     "tf.image.random_flip_left_right", "tf.map_fn",
-                                     "def parse_and_preprocess", "def old_pipeline",
+                                     "inject_prefetch", ".with_options(",
+                                     "tf.data.TFRecordDataset", ".shuffle(", ".repeat(",
+                                     ".flat_map(", "tf.data.AUTOTUNE", "deterministic=",
+                                     "tf.io.parse_single_example", "tf.io.parse_example",
+                                     "tf.image.resize", "tf.image.random_flip_left_right",
+                                     "tf.map_fn", "def parse_and_preprocess", "def old_pipeline",
                                      "def new_pipeline", "vectorized=True"),
     "03_training_single_worker": ("def train_step", "tf.GradientTape", ".compile(", ".fit(",
                                   "ReduceLROnPlateau", "ModelCheckpoint", "keras.losses.Loss",
@@ -76,7 +76,8 @@ strict xfail fail until the notebook's entry here is removed."""
 
 def _lesson_params() -> list:
     return [pytest.param(nb, id=nb.stem, marks=pytest.mark.xfail(
-                strict=True, reason=f"lesson code not yet in the notebook: {PENDING_LESSONS[nb.stem]}"))
+                strict=True,
+                reason=f"lesson code not yet in the notebook: {PENDING_LESSONS[nb.stem]}"))
             if nb.stem in PENDING_LESSONS else pytest.param(nb, id=nb.stem) for nb in NOTEBOOKS]
 
 
@@ -127,8 +128,9 @@ def environ_reads(src: str) -> list[str]:
                 found.append(ast.unparse(n))
             elif any(_is_environ(a) for a in n.args):        # dict(os.environ), f(os.environ)
                 found.append(ast.unparse(n))
-        elif isinstance(n, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in n.ops) \
-                and any(_is_environ(c) for c in n.comparators) and _chexnet_or_unknown(n.left):
+        elif (isinstance(n, ast.Compare)
+              and any(isinstance(op, (ast.In, ast.NotIn)) for op in n.ops)
+              and any(_is_environ(c) for c in n.comparators) and _chexnet_or_unknown(n.left)):
             found.append(ast.unparse(n))
     return found
 
@@ -259,8 +261,9 @@ def test_notebook_settings_come_from_config_and_results_are_numbered(nb: Path):
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_tables_use_the_one_helper(nb: Path):
     by_hand = [(i, t) for i, src in _code_cells(nb) for t in hand_built_tables(src)]
-    assert by_hand == [], ("show tables with chexnet_utils.notebook.tables.table(rows) (or, where nbval "
-                           "checks the text, print(markdown_table(rows))), not print + widths")
+    assert by_hand == [], ("show tables with chexnet_utils.notebook.tables.table(rows) (or, "
+                           "where nbval checks the text, print(markdown_table(rows))), "
+                           "not print + widths")
 
 
 PLUMBING_CALLS = {
@@ -304,7 +307,8 @@ def test_the_notebook_detectors_catch_what_they_should():
     assert not hand_built_tables('for tl in sim:\n    print(f"{tl.label}: {tl.step_s:.1f} s")')
     assert not hand_built_tables('print(f"one core decodes {rate:7.1f} images/s")')
     assert plumbing("import subprocess\nsubprocess.run(['ls'])")
-    assert plumbing("fig, ax = plt.subplots()") and plumbing("import sys\nsys.path.insert(0, '..')")
+    assert (plumbing("fig, ax = plt.subplots()")
+            and plumbing("import sys\nsys.path.insert(0, '..')"))
     assert plumbing("os.kill(pid, 9)")
     assert plumbing("@tf.function\ndef step(x):\n    return x") == []
     assert plumbing("fig = plots.timeline(r)\nplt.show()") == []

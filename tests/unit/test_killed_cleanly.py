@@ -1,7 +1,7 @@
 """Killed at any moment, nothing keeps running (issue 18): the pieces of
-:mod:`chexnet_utils.platform.processes` (process-table queries, ``Terminated``, the command lifetime and
-its watchdog, worker start-up), each on a small Python child that says when it is ready. Every
-command killed for real is in tests/mpi/test_killed_cleanly.py.
+:mod:`chexnet_utils.platform.processes` (process-table queries, ``Terminated``, the command
+lifetime and its watchdog, worker start-up), each on a small Python child that says when it is
+ready. Every command killed for real is in tests/mpi/test_killed_cleanly.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pytest
 
 from chexnet_utils.platform import processes as P
 from tests.support.proctree import ProcessTree
-
 
 # ---- the pieces ----------------------------------------------------------------------------
 
@@ -81,7 +80,8 @@ def test_second_sigterm_during_cleanup_is_noted_and_nothing_leaks_out():
 
 
 def test_worker_whose_parent_is_already_gone_exits():
-    code = "from chexnet_utils.platform.processes import worker_init; worker_init(parent=1); print('ran')"
+    code = ("from chexnet_utils.platform.processes import worker_init; "
+            "worker_init(parent=1); print('ran')")
     if os.getppid() == 1:
         pytest.skip("this test process is itself a child of pid 1")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -299,8 +299,8 @@ def test_a_killed_pytest_session_leaves_nothing_it_started(tmp_path):
         assert child is not None, "the test session did not start its child"
         assert P.pid_alive(child)
         watchdogs = [p.pid for p in psutil.process_iter(["cmdline"])
-                     if (p.info["cmdline"] or [])[1:4] == ["-m", "chexnet_utils.platform.processes",
-                                                           str(session.pid)]]
+                     if (p.info["cmdline"] or [])[1:4]
+                     == ["-m", "chexnet_utils.platform.processes", str(session.pid)]]
         assert len(watchdogs) == 1, "the session has no watchdog"
         session.kill()
         session.wait()

@@ -3,8 +3,8 @@ import pytest
 
 from chexnet_utils.data.labels import (
     NO_FINDING,
-    LabelError,
     PATHOLOGIES,
+    LabelError,
     UnknownLabelError,
     labels_to_multihot,
     multihot_matrix,

@@ -2,7 +2,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chexnet_utils.data.leakage import image_level_split, patients_on_both_sides, same_patient_similarity
+from chexnet_utils.data.leakage import (
+    image_level_split,
+    patients_on_both_sides,
+    same_patient_similarity,
+)
 from chexnet_utils.data.nih import ImageRecord, patient_split
 
 

@@ -57,7 +57,8 @@ def test_trailing_comma_copies_and_patient_sex(tmp_path):
 
 
 def test_old_age_format(tmp_path):
-    recs = read_data_entry(write(tmp_path / CSV_NAME, [REAL_HEADER, REAL_ROWS[0].replace(",58,", ",058Y,")]))
+    recs = read_data_entry(write(tmp_path / CSV_NAME,
+                                 [REAL_HEADER, REAL_ROWS[0].replace(",58,", ",058Y,")]))
     assert recs[0].patient_age == 58
 
 
@@ -94,12 +95,14 @@ def test_duplicate_image_names_file_and_row(tmp_path):
 
 def test_row_without_image_name(tmp_path):
     with pytest.raises(DataFormatError, match="row 3: row has no image name"):
-        read_data_entry(write(tmp_path / CSV_NAME, [REAL_HEADER, REAL_ROWS[0], "," + REAL_ROWS[1].split(",", 1)[1]]))
+        read_data_entry(write(tmp_path / CSV_NAME,
+                              [REAL_HEADER, REAL_ROWS[0], "," + REAL_ROWS[1].split(",", 1)[1]]))
 
 
 def test_bad_number(tmp_path):
     with pytest.raises(DataFormatError, match="row 2: Patient ID is not a whole number"):
-        read_data_entry(write(tmp_path / CSV_NAME, [REAL_HEADER, REAL_ROWS[0].replace(",1,58", ",x,58")]))
+        read_data_entry(write(tmp_path / CSV_NAME,
+                              [REAL_HEADER, REAL_ROWS[0].replace(",1,58", ",x,58")]))
 
 
 def test_missing_csv(tmp_path):

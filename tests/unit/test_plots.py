@@ -40,7 +40,8 @@ def test_pipeline_figures_draw(tmp_path):
     pipe = Timeline([0.0, 0.1], [0.0, 0.1], [0.1, 0.2], label="pipelined")
     fig = plots.timelines([seq, pipe], title="sum vs max")
     ax = fig.axes[0]
-    by_height = dict(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())))
+    by_height = dict(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels()),
+                         strict=True))
     top, bottom = by_height[max(by_height)], by_height[min(by_height)]
     assert top == "sequential\nwaiting 67%" and bottom == "pipelined\nwaiting 0%"
     figs = [

@@ -22,10 +22,12 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 OS = {
     "debian12": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n',
     "debian13": 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nID=debian\nVERSION_ID="13"\n',
-    "ubuntu22": 'PRETTY_NAME="Ubuntu 22.04.5 LTS"\nID=ubuntu\nID_LIKE=debian\nVERSION_ID="22.04"\n',
-    "ubuntu24": 'PRETTY_NAME="Ubuntu 24.04.1 LTS"\nID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n',
-    "rocky9": 'PRETTY_NAME="Rocky Linux 9.4 (Blue Onyx)"\nID="rocky"\nID_LIKE="rhel centos fedora"\n'
-              'VERSION_ID="9.4"\n',
+    "ubuntu22": 'PRETTY_NAME="Ubuntu 22.04.5 LTS"\nID=ubuntu\nID_LIKE=debian\n'
+                'VERSION_ID="22.04"\n',
+    "ubuntu24": 'PRETTY_NAME="Ubuntu 24.04.1 LTS"\nID=ubuntu\nID_LIKE=debian\n'
+                'VERSION_ID="24.04"\n',
+    "rocky9": 'PRETTY_NAME="Rocky Linux 9.4 (Blue Onyx)"\nID="rocky"\n'
+              'ID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\n',
     "arch": 'PRETTY_NAME="Arch Linux"\nID=arch\n',
 }
 ACCEPTED = "make setup needs CPython 3.10, 3.11, 3.12 or 3.13"
@@ -52,7 +54,8 @@ def system(tmp_path):
     def make(pythons: dict[str, str], os_name: str = "debian12"):
         for name, version in pythons.items():
             if version == "broken":          # a pyenv shim for a version that is not installed
-                (bin_dir / name).write_text("#!/bin/sh\necho 'pyenv: not installed' >&2\nexit 127\n")
+                (bin_dir / name).write_text(
+                    "#!/bin/sh\necho 'pyenv: not installed' >&2\nexit 127\n")
                 (bin_dir / name).chmod(0o755)
             elif version.startswith("pypy"):
                 fake_python(bin_dir / name, version.split()[1], impl="pypy")
@@ -87,7 +90,8 @@ def test_python3_is_taken_when_it_is_the_only_one_and_supported(system):
 
 
 def test_pythons_outside_the_range_are_skipped(system):
-    run = system({"python3.14": "3.14.0", "python3": "3.14.0", "python3.10": "3.10.12"}, "ubuntu22")
+    run = system({"python3.14": "3.14.0", "python3": "3.14.0", "python3.10": "3.10.12"},
+                 "ubuntu22")
     code, out, _ = run(PYTHON_CANDIDATES="python3.14 python3.13 python3.10 python3")
     assert code == 0 and out.split("\t")[0] == "python3.10"
 

@@ -1,9 +1,9 @@
 """The setup scripts (issue 17): syntax, and the system-package table without installing anything.
 
 ``scripts/system_packages.sh`` is run with a PATH that holds only a temporary folder of fake
-tools (``g++``, ``git``, ``mpirun``, ``mpicc``, ``chromium``, ``python3.11``, ``id``, ``apt-get``), so each
-case decides exactly what is "installed", whether this is root, and what ``apt-get`` does; the
-fake ``apt-get`` only records its arguments. Nothing here needs root, apt or a network.
+tools (``g++``, ``git``, ``mpirun``, ``mpicc``, ``chromium``, ``python3.11``, ``id``, ``apt-get``),
+so each case decides exactly what is "installed", whether this is root, and what ``apt-get`` does;
+the fake ``apt-get`` only records its arguments. Nothing here needs root, apt or a network.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ ALL_TOOLS = ("python3.11", "g++", "git", "mpirun", "mpicc", "chromium")
 DEBIAN = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n'
 UBUNTU = 'PRETTY_NAME="Ubuntu 24.04.1 LTS"\nID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n'
 DEBIAN13 = 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nID=debian\nVERSION_ID="13"\n'
-ROCKY = 'PRETTY_NAME="Rocky Linux 9.4"\nID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\n'
+ROCKY = ('PRETTY_NAME="Rocky Linux 9.4"\nID="rocky"\nID_LIKE="rhel centos fedora"\n'
+         'VERSION_ID="9.4"\n')
 
 
 def _tool(path: Path, body: str) -> None:
@@ -45,14 +46,16 @@ def fake(tmp_path):
         def make(self, tools=ALL_TOOLS, uid=0, os_release=DEBIAN, venv_ok=True, apt_installs=()):
             self.bin.mkdir(exist_ok=True)
             for name in tools:
-                if name == "python3.11":   # the venv check runs: python3.11 -c 'import ensurepip...'
+                # the venv check runs: python3.11 -c 'import ensurepip...'
+                if name == "python3.11":
                     _tool(self.bin / name, "exit 0" if venv_ok else "exit 1")
                 else:
                     _tool(self.bin / name, "exit 0")
             _tool(self.bin / "id", f"echo {uid}")
             # apt-get records its arguments; "install" may create the tools it is told to
             creates = "".join(
-                f'\nprintf "#!/bin/sh\\nexit 0\\n" > "{self.bin}/{t}"; /bin/chmod +x "{self.bin}/{t}"'
+                f'\nprintf "#!/bin/sh\\nexit 0\\n" > "{self.bin}/{t}"; '
+                f'/bin/chmod +x "{self.bin}/{t}"'
                 for t in apt_installs)
             _tool(self.bin / "apt-get", f'echo "$*" >> "{self.apt_log}"\n'
                                         f'[ "$1" = update ] && exit 0{creates}\nexit 0')
@@ -170,7 +173,8 @@ def test_not_root_prints_the_line_and_installs_nothing(fake):
     fake.make(tools=("python3.11", "chromium"), uid=1000)
     code, out = fake.run()
     assert code == 1
-    assert "sudo apt-get update && sudo apt-get install -y g++ git openmpi-bin libopenmpi-dev" in out
+    assert ("sudo apt-get update && sudo apt-get install -y g++ git openmpi-bin libopenmpi-dev"
+            in out)
     assert "this is not root" in out
     assert fake.apt_calls() == []
 

@@ -110,7 +110,8 @@ def test_a_sealed_wheel_has_a_read_only_digest_and_installs_with_require_hashes(
     code, out = _run("install-wheel", str(wheel), str(python))
     assert code == 0, out
     assert calls.read_text().startswith(
-        "-m pip --disable-pip-version-check install -q --require-hashes --no-deps --force-reinstall -r ")
+        "-m pip --disable-pip-version-check install -q --require-hashes --no-deps "
+        "--force-reinstall -r ")
 
 
 def test_a_tampered_cached_wheel_is_refused_and_not_installed(cache):
@@ -151,7 +152,8 @@ def test_setup_checks_the_digests_before_unpacking_and_installing():
         'digests.sh install-wheel "$(ls "$WHEEL_DIR"/horovod-*.whl)"', ""))
     installs = [line for line in re.sub(r"\\\n\s*", " ", text).splitlines()
                 if re.search(r'"\$\{PIP\[@\]\}" install', line)]
-    assert installs and all("--require-hashes" in line or line.endswith(" -e .")  # the project itself
+    assert installs and all("--require-hashes" in line
+                            or line.endswith(" -e .")  # the project itself
                             for line in installs), installs
     assert "download" in text and "--require-hashes -d" in text
 
@@ -185,7 +187,8 @@ def test_every_supported_python_has_a_current_lock_with_a_hash_on_every_pin(vers
         assert re.search(r"--hash=sha256:[0-9a-f]{64}", entry), entry[:80]
     names = {e.split("==")[0] for e in entries}
     pinned = {re.split(r"[=\[;]", line)[0].lower().replace("_", "-")
-              for name in inputs for line in (ROOT / "requirements" / name).read_text().splitlines()
+              for name in inputs
+              for line in (ROOT / "requirements" / name).read_text().splitlines()
               if line and not line.startswith("#")}
     assert pinned <= names, pinned - names    # every pin is in the lock (with its dependencies)
 

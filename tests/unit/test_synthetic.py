@@ -43,7 +43,7 @@ def test_round_trip_through_nih_loader(dataset: Path) -> None:
     expected = synthetic.sample_records(N, seed=SEED, size=SIZE)
     assert ds.records == expected  # every field, in CSV order
     assert [r.image_index for r in ds.records] == sorted(r.image_index for r in expected)
-    for got, want in zip(ds.records, expected):
+    for got, want in zip(ds.records, expected, strict=True):
         np.testing.assert_array_equal(got.labels, labels_to_multihot(want.finding_labels))
     np.testing.assert_array_equal(ds.labels(), np.stack([r.labels for r in expected]))
     assert ds.missing_images() == []

@@ -6,7 +6,8 @@ from chexnet_utils.notebook.tables import markdown_table, table
 
 
 def test_mapping_rows_numbers_right_aligned_and_formatted():
-    text = markdown_table([{"pipeline": "old", "img/s": 61.234}, {"pipeline": "new", "img/s": 124.9}])
+    text = markdown_table([{"pipeline": "old", "img/s": 61.234},
+                           {"pipeline": "new", "img/s": 124.9}])
     lines = text.splitlines()
     assert lines[0] == "| pipeline | img/s |"
     assert lines[1] == "|:---|---:|"

@@ -53,7 +53,8 @@ def test_crc32c_known_vectors():
 
 def test_module_import_does_not_import_tensorflow():
     code = ("import sys, chexnet_utils.data.tfrecords as t; "
-            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; print(t.CRC32C_IMPLEMENTATION)")
+            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; "
+            "print(t.CRC32C_IMPLEMENTATION)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "google_crc32c"
 
@@ -707,7 +708,7 @@ def test_two_processes_preparing_the_same_tfrecords_take_turns(tmp_path):
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
                 [log.read_text()[-2000:] for log in logs]
             time.sleep(0.1)
-    for p, log in zip(procs, logs):
+    for p, log in zip(procs, logs, strict=True):
         assert p.wait(timeout=300) == 0, log.read_text()[-3000:]
     outs = [log.read_text() for log in logs]
     assert all(f"done {tmp_path / 'work' / 'tfrecords-32'}" in o for o in outs), outs

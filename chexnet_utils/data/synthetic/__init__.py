@@ -14,8 +14,8 @@ so that :meth:`chexnet_utils.data.nih.NIHDataset.load` reads it unchanged. The i
 greyscale PNGs that look like frontal (PA/AP) chest films: dark air around a bright body with
 neck and shoulders, two dark lung fields with vessel markings, ribs, clavicles, trachea, spine,
 the heart shadow to the image's right of the midline (the patient's left), diaphragm domes and
-a gastric bubble. Each of the 14 pathologies adds its own sign (an enlarged heart, fluid at a lung base,
-a dark rim without markings, a round mass, ...) with random position, size and intensity; the
+a gastric bubble. Each of the 14 pathologies adds its own sign (an enlarged heart, fluid at a lung
+base, a dark rim without markings, a round mass, ...) with random position, size and intensity; the
 signs are meant to be learnable by a small CNN at 128x128, not to be radiologically faithful.
 
 Labels are drawn with NIH's prevalences (No Finding ~54 %, Infiltration ~18 %, ...) and
@@ -36,11 +36,20 @@ The package, one concern per module (this file only re-exports the public names)
 - :mod:`.writer`: :func:`generate_dataset` / :func:`ensure_dataset`, the NIH folder layout.
 """
 
-from chexnet_utils.data.synthetic.patients import (TARGET_PREVALENCE, TEST_FRACTION, sample_records,
-                                              split_by_patient)
+from chexnet_utils.data.synthetic.patients import (
+                                              TARGET_PREVALENCE,
+                                              TEST_FRACTION,
+                                              sample_records,
+                                              split_by_patient,
+)
 from chexnet_utils.data.synthetic.render import encode_png, render_image
-from chexnet_utils.data.synthetic.writer import (GENERATOR_VERSION, MARKER_NAME, ensure_dataset,
-                                            generate_dataset, read_marker)
+from chexnet_utils.data.synthetic.writer import (
+                                              GENERATOR_VERSION,
+                                              MARKER_NAME,
+                                              ensure_dataset,
+                                              generate_dataset,
+                                              read_marker,
+)
 
 __all__ = [
     "GENERATOR_VERSION",

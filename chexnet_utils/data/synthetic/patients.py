@@ -15,8 +15,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from chexnet_utils.data import nih
-from chexnet_utils.data.labels import (NIH_IMAGES, NIH_PREVALENCE, NO_FINDING, NUM_CLASSES,
-                                  PATHOLOGIES)
+from chexnet_utils.data.labels import (
+    NIH_IMAGES,
+    NIH_PREVALENCE,
+    NO_FINDING,
+    NUM_CLASSES,
+    PATHOLOGIES,
+)
 
 TARGET_PREVALENCE: dict[str, float] = NIH_PREVALENCE
 """NIH's fraction of images per pathology (and ``No Finding``); the sampler aims at these."""
@@ -151,7 +156,7 @@ def sample_records(n: int, seed: int = 0, size: int = 1024) -> list[nih.ImageRec
     return [
         nih.ImageRecord(f"{p:08d}_{f:03d}.png", lab, f, p, a, g, v, size, size, s, s)
         for p, f, a, lab, g, v, s in zip(patient.tolist(), follow_up.tolist(), age.tolist(),
-                                         findings, genders, views, sp)
+                                         findings, genders, views, sp, strict=True)
     ]
 
 

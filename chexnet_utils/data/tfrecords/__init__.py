@@ -60,8 +60,8 @@ Decisions worth knowing
   :data:`SHARD_MULTIPLE` (8), with at least 8 shards for every split of 8 or more images and
   one shard per image for a smaller split (:func:`planned_shard_count`); the images are spread
   evenly (shard sizes differ by at most one image). Why: file-level sharding
-  (:func:`chexnet_utils.input.pipelines.new_approach`) needs at least one file per worker, and gives
-  every worker the same amount of data only when the worker count divides the shard count, so
+  (:func:`chexnet_utils.input.pipelines.new_approach`) needs at least one file per worker, and
+  gives every worker the same amount of data only when the worker count divides the shard count, so
   every split works over 1, 2, 4 and 8 workers out of the box, whatever its size, and the
   plan never depends on the worker count. Rounding up only makes shards smaller, so ``M`` stays
   an upper bound (unless a single image is bigger than ``M``). On NIH ChestX-ray14 (112,120
@@ -93,7 +93,12 @@ from typing import Any
 
 from chexnet_utils.data.tfrecords.bench import bench_conversion, decode_ms, format_bench_conversion
 from chexnet_utils.data.tfrecords.convert import ConversionResult, convert_dataset
-from chexnet_utils.data.tfrecords.images import PNG_COMPRESS_LEVEL, decode_image, prepare_image, to_grey8
+from chexnet_utils.data.tfrecords.images import (
+    PNG_COMPRESS_LEVEL,
+    decode_image,
+    prepare_image,
+    to_grey8,
+)
 from chexnet_utils.data.tfrecords.plan import (
     DEFAULT_SHARD_MB,
     SHARD_MULTIPLE,
@@ -101,9 +106,19 @@ from chexnet_utils.data.tfrecords.plan import (
     shard_name,
     shard_workers_note,
 )
-from chexnet_utils.data.tfrecords.verify import (FORMAT, FORMAT_VERSION, MANIFEST_NAME, SKIPPED_JSON,
-                                            SKIPPED_TXT, SPLITS, ConversionError, VerifyReport,
-                                            list_shards, load_manifest, verify)
+from chexnet_utils.data.tfrecords.verify import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    SKIPPED_JSON,
+    SKIPPED_TXT,
+    SPLITS,
+    ConversionError,
+    VerifyReport,
+    list_shards,
+    load_manifest,
+    verify,
+)
 from chexnet_utils.data.tfrecords.wire import (
     CRC32C_IMPLEMENTATION,
     crc32c,

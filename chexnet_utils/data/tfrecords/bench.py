@@ -3,9 +3,9 @@ worker processes side by side (``python -m chexnet_utils bench conversion``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from collections.abc import Sequence
 
 import numpy as np
 

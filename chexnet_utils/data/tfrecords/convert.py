@@ -116,7 +116,8 @@ _PROGRESS: Any = None  # multiprocessing queue in worker processes, set by _init
 
 def _init_worker(queue: Any, parent: int | None = None) -> None:
     global _PROGRESS
-    worker_init(parent)  # default SIGTERM, and die with the parent (chexnet_utils.platform.processes)
+    # default SIGTERM, and die with the parent (chexnet_utils.platform.processes)
+    worker_init(parent)
     limit_decoding()     # no decompression bombs: huge images are errors, not warnings
     _PROGRESS = queue
 
@@ -341,7 +342,7 @@ def _scan(items: list[ShardItem], executor: Any, bar: Any, on_error: str, data_d
         bar.update(len(chunk_result))
     skipped: list[dict[str, str]] = []
     good: list[ShardItem] = []
-    for it, sc in zip(items, scans):
+    for it, sc in zip(items, scans, strict=True):
         if sc["ok"]:
             it.size, it.width, it.height = sc["size"], sc["width"], sc["height"]
             good.append(it)

@@ -150,7 +150,7 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify(tfrecords_dir: Path | str, data_dir: Path | str | None = None,
+def verify(tfrecords_dir: Path | str, data_dir: Path | str | None = None,  # noqa: C901 (issue 28 item 4: broken up next)
            decode_images: bool = False) -> VerifyReport:
     """Check a converted folder against its manifest (and, with ``data_dir``, the source).
 

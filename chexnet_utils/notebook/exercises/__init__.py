@@ -45,21 +45,36 @@ The other exercises ask you to explain something; their solutions are in the not
 
 from __future__ import annotations
 
-from chexnet_utils.notebook.exercises.environment_data import (check_gpu_capabilities,
+from chexnet_utils.notebook.exercises.environment_data import (
+                                                      check_gpu_capabilities,
                                                       check_images_per_patient,
                                                       check_ranks_without_local_gpu,
-                                                      check_shard_layout, check_thread_budget)
-from chexnet_utils.notebook.exercises.input_pipeline import (SERIAL_MAX_SPEEDUP, STEP_TIME_KEYS,
-                                                    check_cache_placement, check_list_files_fix,
-                                                    check_serial_decode, check_step_times,
-                                                    check_worker_shares)
-from chexnet_utils.notebook.exercises.many_workers import (check_efficiency, check_horovod_conversion,
-                                                  check_old_pipeline_efficiency, check_ps_shards,
-                                                  check_uneven_shards)
-from chexnet_utils.notebook.exercises.one_worker import (check_cam, check_full_size_prediction,
-                                                check_resume, check_which_is_faster)
+                                                      check_shard_layout,
+                                                      check_thread_budget,
+)
+from chexnet_utils.notebook.exercises.input_pipeline import (
+                                                      SERIAL_MAX_SPEEDUP,
+                                                      STEP_TIME_KEYS,
+                                                      check_cache_placement,
+                                                      check_list_files_fix,
+                                                      check_serial_decode,
+                                                      check_step_times,
+                                                      check_worker_shares,
+)
+from chexnet_utils.notebook.exercises.many_workers import (
+                                                      check_efficiency,
+                                                      check_horovod_conversion,
+                                                      check_old_pipeline_efficiency,
+                                                      check_ps_shards,
+                                                      check_uneven_shards,
+)
+from chexnet_utils.notebook.exercises.one_worker import (
+                                                      check_cam,
+                                                      check_full_size_prediction,
+                                                      check_resume,
+                                                      check_which_is_faster,
+)
 from chexnet_utils.notebook.exercises.verdict import SAME
-
 
 __all__ = [
     "SAME",

@@ -80,7 +80,8 @@ def check_gpu_capabilities(answer: str | Iterable[str] | None,
         ok,
         f"require {sorted(given)}: python -m chexnet_utils envcheck --require "
         f"{','.join([*already, *sorted(given)])}. NCCL is what makes the allreduce fast on "
-        "GPUs" + ("." if "gpu" in given else "; 'gpu' (TensorFlow sees a GPU) is a good addition."),
+        "GPUs" + ("." if "gpu" in given
+                  else "; 'gpu' (TensorFlow sees a GPU) is a good addition."),
         f"unknown capability {sorted(unknown)}; choose among {extra}" if unknown else
         "which build option of Horovod gives the GPU collectives (see the table in section 2)?")
 

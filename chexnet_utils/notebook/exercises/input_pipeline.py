@@ -11,7 +11,6 @@ from chexnet_utils.bench import benchmark
 from chexnet_utils.hardware import devices
 from chexnet_utils.notebook.exercises.verdict import close, missing, number, pair, verdict
 
-
 STEP_TIME_KEYS = ("sequential_ms", "pipelined_ms", "wait_sequential_ms", "wait_pipelined_ms")
 """What :func:`check_step_times` expects: step time and accelerator wait per step, without
 (sequential) and with prefetch (pipelined)."""

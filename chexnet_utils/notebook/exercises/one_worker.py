@@ -92,7 +92,8 @@ def check_resume(answer: Callable[[Path], tuple[Any, Any, int]] | None, run_dir:
         if not math.isclose(lr, lr_run, rel_tol=1e-6):
             problems.append(f"the learning rate is {lr:.3g}, the run ended with {lr_run:.3g}")
         elif len(mine) != len(theirs) or not all(
-                a.shape == b.shape and np.array_equal(a, b) for a, b in zip(mine, theirs)):
+                a.shape == b.shape and np.array_equal(a, b)
+                for a, b in zip(mine, theirs, strict=True)):
             problems.append("the optimizer's variables (Adam's moments) differ from the run's")
     before = _plateau_counters(restored)
     try:

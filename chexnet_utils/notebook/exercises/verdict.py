@@ -11,7 +11,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-
 SAME = "same"
 """The answer of :func:`check_which_is_faster` when neither is clearly faster."""
 
