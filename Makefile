@@ -25,7 +25,7 @@ help:
 	@echo "make test       set up, run tests/ on 2 parallel workers, then every notebook under nbval alone"
 	@echo "make lab        set up and start JupyterLab with the project kernel (PRIVATE=1: in a network namespace of your own)"
 	@echo "make browser-check  every notebook in headless Chromium, a learner's session (run, interrupt, restart, sidebar) -> $(BUILD)/browser/*.png"
-	@echo "make lint       ruff and the import layers (import-linter); make test runs it first"
+	@echo "make lint       ruff, the import layers (import-linter) and mypy; make test runs it first"
 	@echo "make setup      only the environment (idempotent)"
 	@echo "make data       only the synthetic data set for CHEXNET_SCALE (default ci)"
 	@echo "make bench      conversion, old vs new pipeline, tf.data service, Horovod scaling -> $(BUILD)/bench-*.json"
@@ -51,13 +51,15 @@ setup:
 #      under xdist). Its closing table adds stage 1's wall time (handed over in a temporary
 #      file) and judges the total against the 15-minute budget.
 TEST_WORKERS ?= 2
-# make lint (make test's first step, a second or two): ruff (pycodestyle, pyflakes, bugbear,
-# complexity, import order, no private imports across modules: [tool.ruff] in pyproject.toml)
-# and import-linter (the package's layers, function-local imports included:
-# [tool.importlinter]). Neither leaves a cache folder behind.
+# make lint (make test's first step, about ten seconds): ruff (pycodestyle, pyflakes, bugbear,
+# complexity, import order, no private imports across modules: [tool.ruff] in pyproject.toml),
+# import-linter (the package's layers, function-local imports included:
+# [tool.importlinter]) and mypy (the package's types: [tool.mypy]). None leaves a cache
+# folder behind.
 lint: setup
 	"$(PY)" -m ruff check --no-cache chexnet_utils tests conftest.py scripts tools
 	"$(dir $(PY))lint-imports" --no-cache
+	"$(PY)" -m mypy
 
 test: setup lint
 	@times=$$(mktemp); trap 'rm -f "$$times"' EXIT; rc=0; \

@@ -239,17 +239,21 @@ def allreduce_times(sizes_bytes: Sequence[int], repeats: int = 5, warmup: int = 
     rel_errors: list[float] = []
     for nbytes in sizes_bytes:
         data = _worker_data(max(1, int(nbytes) // 4), rank, seed)
+        call: Callable[[], Any]
         if world is not None:
             out = np.empty_like(data)
 
-            def call(data: np.ndarray = data, out: np.ndarray = out, world: Any = world) -> None:
+            def mpi_call(data: np.ndarray = data, out: np.ndarray = out,
+                         world: Any = world) -> None:
                 world.Allreduce(data, out)  # sum
                 out /= n
+            call = mpi_call
         else:
             x = tf.constant(data)
 
-            def call(x: Any = x) -> Any:
+            def hvd_call(x: Any = x) -> Any:
                 return hvd.allreduce(x, op=hvd.Average, compression=comp).numpy()
+            call = hvd_call
         runs.append(_time_calls(call, repeats, warmup, hvd))
         if compression != "none":
             exact = hvd.allreduce(x, op=hvd.Average).numpy()
@@ -284,12 +288,15 @@ def parameter_server_times(sizes_bytes: Sequence[int], repeats: int = 5, warmup:
     for nbytes in sizes_bytes:
         data = _worker_data(max(1, int(nbytes) // 4), rank, seed)
         x = tf.constant(data)
+        call: Callable[[], np.ndarray]
         if backend == "mpi":
-            def call(data: np.ndarray = data) -> np.ndarray:
+            def mpi_call(data: np.ndarray = data) -> np.ndarray:
                 return ps_average(data, server_rank, "mpi")
+            call = mpi_call
         else:
-            def call(x: Any = x) -> np.ndarray:
+            def hvd_call(x: Any = x) -> np.ndarray:
                 return ps_average(x, server_rank, backend).numpy()
+            call = hvd_call
         runs.append(_time_calls(call, repeats, warmup, hvd))
         ring = hvd.allreduce(x, op=hvd.Average).numpy()
         diffs.append(float(np.abs(np.asarray(call()) - ring).max()))

@@ -33,6 +33,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def with_overrides(preset: Scale, env: Mapping[str, str]) -> Scale:
     (``nan``, ``inf``, ``1e400``) or is not positive (``CHEXNET_ACCEL_MS=0`` is allowed: no
     emulated accelerator).
     """
-    changes: dict[str, int | float] = {}
+    changes: dict[str, Any] = {}  # field -> a value of its OVERRIDES kind, checked below
     for var, (field, kind) in OVERRIDES.items():
         raw = env.get(var, "").strip()
         if not raw:

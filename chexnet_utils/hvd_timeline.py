@@ -195,7 +195,8 @@ def busy_time_us(events: Sequence[TimelineEvent], phases: Sequence[str]) -> floa
     time, it is the share of the wall clock spent in that phase.
     """
     spans = sorted((e.start_us, e.end_us) for e in events if e.phase in set(phases))
-    total, cur_start, cur_end = 0.0, None, None
+    total, cur_start = 0.0, 0.0  # cur_start is read only once cur_end is set
+    cur_end: float | None = None
     for start, end in spans:
         if cur_end is None or start > cur_end:
             if cur_end is not None:

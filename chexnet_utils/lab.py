@@ -34,6 +34,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from traitlets.config import Config
 
 PROJECT_KERNEL = "chexnet-at-scale"
 """Name of the kernel ``scripts/setup.sh`` registers (``KERNEL_NAME`` there)."""
@@ -79,7 +83,7 @@ def lab_args(root_dir: str | os.PathLike[str], *, kernel: str = PROJECT_KERNEL,
     return args
 
 
-def configure_mpi_profile(c: object, n: int = SIDEBAR_ENGINES) -> None:
+def configure_mpi_profile(c: Config, n: int = SIDEBAR_ENGINES) -> None:
     """Fill an ``ipcluster_config.py``'s ``c`` (``get_config()``) so that a cluster of this
     profile, started from the IPython Parallel sidebar (or ``ipcluster start --profile
     chexnet-mpi``), is what ``MPICluster(n)`` starts
@@ -92,7 +96,7 @@ def configure_mpi_profile(c: object, n: int = SIDEBAR_ENGINES) -> None:
 
     settings = MPICluster(n=n, oversubscribe=True).ipyparallel_config(c)
     for name, value in settings.items():
-        setattr(c.Cluster, name, value)  # type: ignore[attr-defined]
+        setattr(c.Cluster, name, value)
 
 
 PROFILE_CONFIG = (f'''"""ipyparallel profile "{MPI_PROFILE}": MPI engines ready for Horovod, '''

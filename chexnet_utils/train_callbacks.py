@@ -141,8 +141,7 @@ def callback_classes() -> dict[str, type]:  # noqa: C901 (issue 28 item 3: Keras
             split too small to have any class with positives and negatives: keep the
             latest epoch rather than the first)."""
             best = self.state.get("best_score")
-            best_finite = best is not None and math.isfinite(best)
-            if self.state.get("best_epoch") is None or not best_finite:
+            if best is None or not math.isfinite(best) or self.state.get("best_epoch") is None:
                 return True
             return score is not None and math.isfinite(score) and score > best
 

@@ -246,7 +246,7 @@ class TrainConfig:
         if self.weights is not None:
             self.weights = str(self.weights)
         if isinstance(self.profile_batch, list):
-            self.profile_batch = tuple(self.profile_batch)  # type: ignore[assignment]
+            self.profile_batch = tuple(self.profile_batch)
 
     def validate_values(self) -> None:
         """Raise ``ValueError`` for values that cannot work."""
@@ -457,7 +457,8 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     fit_s = time.perf_counter() - t_fit
     trained_checksum = weights_checksum(model)  # before rank 0 loads the best epoch's weights
     final_lr = float(np.asarray(model.optimizer.learning_rate))
-    ranks = [{"rank": rank, "lr": final_lr, "trainable_sha256": trained_checksum}]
+    ranks: list[dict[str, Any]] = [
+        {"rank": rank, "lr": final_lr, "trainable_sha256": trained_checksum}]
     if cfg.distributed:  # every rank's final learning rate and weights, for the record
         import horovod.tensorflow as hvd
 

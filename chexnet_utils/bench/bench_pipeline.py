@@ -186,7 +186,7 @@ def decode_ceiling(files: Files, image_size: int, n_images: int = 64, repeats: i
     if not records:
         raise ValueError("no records in the given files")
 
-    def fn(serialized):  # type: ignore[no-untyped-def]
+    def fn(serialized: Any) -> tuple[Any, Any]:
         ex = parse_example(serialized)
         return preprocess(ex["image_bytes"], ex["label"], image_size, training,
                           antialias=antialias)

@@ -149,7 +149,7 @@ def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size
     if not files:
         raise ValueError(f"{tfrecords_dir}: no {split} shards (convert with `python -m "
                          f"chexnet_utils tfrecords` first)")
-    common = dict(training=True, shuffle_buffer=shuffle_buffer, seed=seed)
+    common: dict[str, Any] = dict(training=True, shuffle_buffer=shuffle_buffer, seed=seed)
     pipelines = {
         "old": old_approach(files, batch_size, image_size, **common),
         "new": new_approach(files, batch_size, image_size, **common),

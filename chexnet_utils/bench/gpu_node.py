@@ -122,6 +122,7 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
     model = build_model(c.arch, c.image_size, mixed_precision=sw.mixed_precision)
     prepare_data_parallel_model(model, jit_compile=sw.xla)
     shuffle = {} if c.shuffle_buffer is None else {"shuffle_buffer": c.shuffle_buffer}
+    assert c.tfrecords is not None, "a pipeline-fed timer needs cfg.tfrecords"
     ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,
                         c.image_size, training=True, num_workers=size, worker_index=rank,
                         seed=c.seed, **shuffle)

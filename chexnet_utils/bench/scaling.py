@@ -92,6 +92,7 @@ def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
     keras.utils.set_random_seed(c.seed)
     model = build_chexnet(c.arch, c.image_size)
     prepare_data_parallel_model(model)
+    assert c.tfrecords is not None, "a pipeline-fed timer needs cfg.tfrecords"
     ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,
                         c.image_size, training=True, num_workers=size, worker_index=rank,
                         seed=c.seed, shuffle_buffer=SHUFFLE_BUFFER if c.shuffle_buffer is None

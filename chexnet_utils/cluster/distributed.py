@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.hardware.devices import cpu_thread_budget, usable_cores
 from chexnet_utils.platform.atomic import make_private
@@ -37,6 +37,9 @@ from chexnet_utils.platform.processes import (
     terminate_below,
     watchdog_remove_on_death,
 )
+
+if TYPE_CHECKING:
+    from traitlets.config import Config
 
 ROOT_SWITCHES = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -176,7 +179,7 @@ def rank_info() -> dict[str, object]:
     }
 
 
-def json_objects(text: str) -> list[dict[str, object]]:
+def json_objects(text: str) -> list[dict[str, Any]]:
     """Every JSON object in ``text``, even when lines from several processes run together.
 
     ``mpirun`` merges the processes' stdout and does not promise to keep their lines apart,
@@ -184,7 +187,7 @@ def json_objects(text: str) -> list[dict[str, object]]:
     splitting lines.
     """
     decoder = json.JSONDecoder()
-    found: list[dict[str, object]] = []
+    found: list[dict[str, Any]] = []
     pos = text.find("{")
     while pos != -1:
         try:
@@ -210,7 +213,7 @@ def _run_mpirun(cmd: list[str], n_procs: int, bind_to: str | None,
 
 
 def run_mpi_json(n_procs: int, argv: Sequence[str], timeout: float = 300,
-                 bind_to: str | None = None, **mpirun_options: object
+                 bind_to: str | None = None, **mpirun_options: Any
                  ) -> list[dict[str, object]]:
     """Run ``argv`` under ``mpirun -np n_procs``; return the JSON objects the ranks printed.
 
@@ -218,10 +221,10 @@ def run_mpi_json(n_procs: int, argv: Sequence[str], timeout: float = 300,
     stderr when ``mpirun`` fails, and ``subprocess.TimeoutExpired`` after ``timeout`` seconds
     (a hung ``hvd.init()`` must not hang the caller).
     """
-    cmd = mpirun_command(n_procs, argv, bind_to=bind_to, **mpirun_options)  # type: ignore[arg-type]
+    cmd = mpirun_command(n_procs, argv, bind_to=bind_to, **mpirun_options)
     out = _run_mpirun(cmd, n_procs, bind_to, timeout)
     objs = json_objects(out.stdout)
-    return sorted(objs, key=lambda o: int(o.get("rank", 0)))  # type: ignore[call-overload]
+    return sorted(objs, key=lambda o: int(o.get("rank", 0)))
 
 
 def report_bindings(n_procs: int, bind_to: str | None = None, map_by: str | None = None,
@@ -345,9 +348,10 @@ class MPICluster:
         self.env = dict(env or {})
         self.oversubscribe = (n > usable_cores() and hostfile is None
                               if oversubscribe is None else oversubscribe)
-        self.cluster = None
-        self.client = None
-        self.view = None
+        # ipyparallel's Cluster, Client and broadcast view (untyped); None until start()
+        self.cluster: Any = None
+        self.client: Any = None
+        self.view: Any = None
         self.engine_pids: list[int] = []
         self._ranks: list[int] = []
         self.last_outputs: list[str] = []
@@ -389,7 +393,7 @@ class MPICluster:
             args += ["--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
         return args + self.mpi_args
 
-    def ipyparallel_config(self, cfg: object, extra_env: Mapping[str, str] | None = None
+    def ipyparallel_config(self, cfg: Config, extra_env: Mapping[str, str] | None = None
                            ) -> dict[str, object]:
         """Put this cluster's launcher settings into ``cfg`` (a traitlets ``Config``) and
         return the ``ipyparallel.Cluster`` settings (engine launcher, ``n``, controller
@@ -398,14 +402,14 @@ class MPICluster:
         controller and engines get :meth:`env_overrides` plus ``extra_env``; the controller
         pings every :data:`HEARTBEAT_MS`."""
         env = {**self.env_overrides(), **(extra_env or {})}
-        cfg.LocalControllerLauncher.environment = {  # type: ignore[attr-defined]
+        cfg.LocalControllerLauncher.environment = {
             **env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
         settings: dict[str, object] = {
             "engine_launcher_class": self._engine_launcher(cfg, env), "n": self.n,
             "controller_ip": self.controller_ip, "engine_timeout": int(self.engine_timeout),
             "controller_args": [f"--HeartMonitor.period={HEARTBEAT_MS}",
                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]}
-        cfg.EngineLauncher.engine_args = [  # type: ignore[attr-defined]
+        cfg.EngineLauncher.engine_args = [
             f"--IPEngine.max_heartbeat_misses={ENGINE_HEARTBEAT_MISSES}"]
         if self.location:
             settings["controller_location"] = self.location
@@ -415,12 +419,12 @@ class MPICluster:
         """Called in :meth:`start` once the ipyparallel cluster object exists, before any
         process is started (subclasses tell the watchdog what else to clean up)."""
 
-    def _engine_launcher(self, cfg: object, env: Mapping[str, str]) -> str:
+    def _engine_launcher(self, cfg: Config, env: Mapping[str, str]) -> str:
         """Configure the engines' launcher in ``cfg`` (a traitlets ``Config``); return its
         ipyparallel name. Here ``mpiexec`` on this machine; subclasses start engines
         elsewhere (:class:`chexnet_utils.cluster.slurm_engines.SlurmCluster`: a Slurm job)."""
-        cfg.MPIEngineSetLauncher.mpi_args = self._mpiexec_args()  # type: ignore[attr-defined]
-        cfg.MPIEngineSetLauncher.environment = dict(env)  # type: ignore[attr-defined]
+        cfg.MPIEngineSetLauncher.mpi_args = self._mpiexec_args()
+        cfg.MPIEngineSetLauncher.environment = dict(env)
         return "mpi"
 
     def start(self) -> "MPICluster":

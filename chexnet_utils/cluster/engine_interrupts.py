@@ -44,7 +44,7 @@ def is_sigint(sig: object) -> bool:
     if isinstance(sig, str):
         return sig.upper() in ("SIGINT", "INT")
     try:
-        return int(sig) == signal.SIGINT  # type: ignore[call-overload]
+        return int(sig) == signal.SIGINT  # type: ignore[call-overload]  # any object: TypeError caught
     except (TypeError, ValueError):
         return False
 

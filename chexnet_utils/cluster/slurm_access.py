@@ -127,7 +127,7 @@ def loopback_bind_address(host: str | None = None) -> str | None:
         infos = socket.getaddrinfo(host or socket.gethostname(), None, type=socket.SOCK_STREAM)
     except OSError:
         return None
-    addresses = [info[4][0] for info in infos]
+    addresses = [str(info[4][0]) for info in infos]  # a str for AF_INET and AF_INET6
     if not addresses or not all(ipaddress.ip_address(a).is_loopback for a in addresses):
         return None
     return next((a for a in addresses if ":" not in a), addresses[0])

@@ -24,9 +24,13 @@ import os
 import shlex
 import socket
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.cluster import slurm as S
 from chexnet_utils.cluster.distributed import MPICluster, mpirun_option_given
+
+if TYPE_CHECKING:
+    from traitlets.config import Config
 
 LAUNCHERS = ("srun", "mpirun")
 
@@ -55,11 +59,10 @@ class SlurmCluster(MPICluster):
     def __init__(self, n: int = 2, *, sbatch_options: Sequence[str] = (),
                  launcher: str = "srun", slurm_conf: str | os.PathLike[str] | None = None,
                  profile_parent: str | os.PathLike[str] | None = None,
-                 engine_timeout: float = 120, **kwargs: object) -> None:
+                 engine_timeout: float = 120, **kwargs: Any) -> None:
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
-        super().__init__(n, engine_timeout=engine_timeout, oversubscribe=False,
-                         **kwargs)  # type: ignore[arg-type]
+        super().__init__(n, engine_timeout=engine_timeout, oversubscribe=False, **kwargs)
         self.sbatch_options = list(sbatch_options)
         self.launcher = launcher
         self.slurm_conf = os.fspath(slurm_conf) if slurm_conf is not None else None
@@ -109,8 +112,8 @@ class SlurmCluster(MPICluster):
         lines.append(f"exec {start} {{program_and_args}} --mpi")
         return "\n".join(lines) + "\n"
 
-    def _engine_launcher(self, cfg: object, env: Mapping[str, str]) -> str:
-        launcher = cfg.SlurmEngineSetLauncher  # type: ignore[attr-defined]
+    def _engine_launcher(self, cfg: Config, env: Mapping[str, str]) -> str:
+        launcher = cfg.SlurmEngineSetLauncher
         launcher.batch_template = self.batch_template()
         # the script goes to the private profile folder, not the current directory
         assert self._profile_dir is not None

@@ -278,9 +278,11 @@ class LocalSlurm:
                 f"--seed-file={st}/munge/munged.seed"], env)
             self._wait_for(lambda: (st / "munge-run" / "munge.socket").exists(), "munged")
             for attempt in range(1, PORT_ATTEMPTS + 1):
-                self.ports = tuple(free_ports(2))
+                ctld_port, slurmd_port = free_ports(2)
+                self.ports = (ctld_port, slurmd_port)
                 write_text_atomic(self.conf_path, slurm_conf(
-                    st, *self.ports, hardware, user=user, bind_address=self.bind_address))
+                    st, ctld_port, slurmd_port, hardware, user=user,
+                    bind_address=self.bind_address))
                 logs = self._log_sizes()
                 try:
                     self._spawn("slurmctld", ["-D", "-f", str(self.conf_path)], env)

@@ -46,7 +46,8 @@ def patients_on_both_sides(split: Split) -> dict[str, float]:
 def _thumbnail(path: Path, size: int) -> np.ndarray:
     with Image.open(path) as im:
         im.draft("L", (size * 4, size * 4))
-        arr = np.asarray(im.convert("L").resize((size, size), Image.BILINEAR), np.float32)
+        arr = np.asarray(im.convert("L").resize((size, size), Image.Resampling.BILINEAR),
+                         np.float32)
     arr -= arr.mean()
     return arr / (np.linalg.norm(arr) + 1e-6)
 

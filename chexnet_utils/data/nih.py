@@ -26,9 +26,10 @@ import io
 import random
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -63,6 +64,7 @@ CSV_HEADER: tuple[str, ...] = (
 _REQUIRED = ("Image Index", "Finding Labels", "Follow-up #", "Patient ID", "Patient Age",
              "Patient Gender", "View Position")
 _ALIASES = {"Patient Sex": "Patient Gender"}
+_T = TypeVar("_T")
 
 
 class DataFormatError(ValueError):
@@ -119,7 +121,8 @@ def _parse_int(text: str, what: str, path: Path, row: int) -> int:
     return value // 12 if unit == "M" else value // 365 if unit == "D" else value
 
 
-def _parse_optional(text: str, kind: type, what: str, path: Path, row: int):  # type: ignore[no-untyped-def]
+def _parse_optional(text: str, kind: Callable[[str], _T], what: str, path: Path,
+                    row: int) -> _T | None:
     if text.strip() == "":
         return None
     try:
@@ -297,7 +300,7 @@ class Split:
         check_no_leakage(self.parts())
 
 
-def check_no_leakage(parts: dict[str, Sequence[ImageRecord]]) -> None:
+def check_no_leakage(parts: Mapping[str, Sequence[ImageRecord]]) -> None:
     """Raise :class:`LeakageError` naming the patients found in more than one part."""
     owner: dict[int, str] = {}
     clashes: dict[int, set[str]] = {}

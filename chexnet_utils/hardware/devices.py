@@ -152,9 +152,10 @@ def nvml_inventory(nvml: Any | None = None) -> list[GpuDevice]:
     """
     if nvml is None:
         try:
-            import pynvml as nvml  # nvidia-ml-py
+            import pynvml  # nvidia-ml-py
         except ImportError:
             raise NvmlUnavailable("the nvidia-ml-py package is not installed") from None
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as e:  # pynvml.NVMLError: no driver library, no device, ...

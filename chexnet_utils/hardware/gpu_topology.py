@@ -178,7 +178,7 @@ def binding_plan(affinities: Sequence[GpuAffinity], n_ranks: int,
     how = ("no mpirun mapping matches this GPU order (or the NUMA nodes are unknown): bind "
            "each rank to its GPU's cores explicitly (bind_this_process)")
     if None not in domains:
-        nodes = sorted(set(domains))  # type: ignore[type-var]
+        nodes = sorted(set(domains))  # type: ignore[type-var]  # no None: checked just above
         k = domains.count(domains[0])
         blocks = [domains[i:i + k] for i in range(0, n_ranks, k)]
         if (nodes == list(range(len(nodes)))

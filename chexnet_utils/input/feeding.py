@@ -212,7 +212,7 @@ def _decode_numpy(blob: bytes, image_size: int) -> np.ndarray:
     from chexnet_utils.input.pipelines import IMAGENET_MEAN, IMAGENET_STD
 
     im = Image.open(io.BytesIO(blob)).convert("L").resize((image_size, image_size),
-                                                          Image.BILINEAR)
+                                                          Image.Resampling.BILINEAR)
     x = np.asarray(im, np.float32)[..., None] / 255.0
     return (x - np.asarray(IMAGENET_MEAN, np.float32)) / np.asarray(IMAGENET_STD, np.float32)
 

@@ -56,7 +56,7 @@ here:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from os import PathLike
 from typing import TYPE_CHECKING, Any
 
@@ -199,13 +199,13 @@ def preprocess_batch(image_bytes: Any, labels: Any, image_size: int, training: b
 
 
 def example_fn(image_size: int, training: bool, seed: int | None, with_names: bool,
-                antialias: bool, batched: bool):  # type: ignore[no-untyped-def]
+                antialias: bool, batched: bool) -> Callable[[Any], tuple[Any, ...]]:
     """The map function: serialized record(s) -> ``(image, label[, name])``."""
     from chexnet_utils.data.tfrecords import parse_example
 
     prep = preprocess_batch if batched else preprocess
 
-    def fn(serialized):  # type: ignore[no-untyped-def]
+    def fn(serialized: Any) -> tuple[Any, ...]:
         ex = parse_example(serialized)
         image, label = prep(ex["image_bytes"], ex["label"], image_size, training, seed,
                             antialias)

@@ -349,7 +349,8 @@ def _keras_classes() -> dict[str, type]:  # noqa: C901 (issue 28 item 3: Keras c
         ``get_config`` holds the weights, so a saved ``.keras`` model reloads with its loss.
         """
 
-        def __init__(self, pos_weights: Sequence[float], neg_weights: Sequence[float],
+        def __init__(self, pos_weights: Sequence[float] | np.ndarray,
+                     neg_weights: Sequence[float] | np.ndarray,
                      epsilon: float = 1e-7, name: str = "weighted_bce",
                      reduction: str = "sum_over_batch_size", dtype: Any = None) -> None:
             super().__init__(name=name, reduction=reduction, dtype=dtype)

@@ -84,8 +84,8 @@ def atomic_path(path: Path | str, *, prefix: str | None = None, suffix: str = ".
 
 def _write_atomic(path: Path | str, data: str | bytes, prefix: str | None, fsync: bool) -> None:
     with atomic_path(path, prefix=prefix, fsync=False) as tmp_path:
-        with (open(tmp_path, "w", encoding="utf-8") if isinstance(data, str)
-              else open(tmp_path, "wb")) as f:
+        text = isinstance(data, str)
+        with open(tmp_path, "w" if text else "wb", encoding="utf-8" if text else None) as f:
             f.write(data)
             if fsync:
                 f.flush()

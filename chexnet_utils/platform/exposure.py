@@ -63,7 +63,8 @@ def other_accounts_running(proc: Path = Path("/proc"), me: int | None = None) ->
     """``{uid: processes}`` of the people's accounts (uid >= ``UID_MIN``, not ``nobody``)
     other than this one that have a process running now."""
     me = os.getuid() if me is None else me
-    floor, counts = uid_min(), {}
+    floor = uid_min()
+    counts: dict[int, int] = {}
     for entry in proc.iterdir() if proc.is_dir() else ():
         if not entry.name.isdigit():
             continue

@@ -455,9 +455,10 @@ def release_watchdog(proc: subprocess.Popen[bytes] | None, timeout: float = 15) 
     carries its token (normally nothing) and exits; wait for it (kill it after ``timeout``)."""
     if proc is None:
         return
+    assert proc.stdin is not None  # start_watchdog opens it (stdin=PIPE)
     with contextlib.suppress(OSError):
-        proc.stdin.write(b"done\n")  # type: ignore[union-attr]
-        proc.stdin.close()  # type: ignore[union-attr]
+        proc.stdin.write(b"done\n")
+        proc.stdin.close()
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -551,7 +552,7 @@ def command_lifetime(watchdog: bool = True) -> Iterator[_Lifetime]:
     # started before the token is set: the watchdog does not carry it
     proc = start_watchdog(os.getpid(), token) if watchdog else None
     os.environ[LIFELINE_ENV] = ",".join(lifeline_tokens() + [token])
-    handlers: dict[int, object] = {}
+    handlers = {}  # signal number -> its handler before (what signal.signal returned)
     import threading
 
     outer_received = list(_received)
@@ -564,7 +565,7 @@ def command_lifetime(watchdog: bool = True) -> Iterator[_Lifetime]:
         yield _Lifetime(token, proc)
     finally:
         for sig, handler in handlers.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)
         if old_env is None:
             os.environ.pop(LIFELINE_ENV, None)
         else:

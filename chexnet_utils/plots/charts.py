@@ -178,7 +178,8 @@ def gpu_utilisation(runs: Mapping[str, Mapping], title: str = "GPU utilisation (
     return fig
 
 
-def bars_with_runs(values: Mapping[str, float], runs: Mapping[str, Sequence[float]],
+def bars_with_runs(values: Mapping[str, float],
+                   runs: Mapping[str, Sequence[float] | np.ndarray],
                    label: str, title: str = "", horizontal: bool = True,
                    colors: Sequence[str] | str = "tab:blue", ax: Any = None,
                    figsize: tuple[float, float] = (7, 2.6)):  # noqa: ANN201

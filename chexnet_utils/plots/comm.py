@@ -13,6 +13,8 @@ from chexnet_utils.hvd_timeline import parse_timeline, short_tensor_name
 from chexnet_utils.plots.charts import bars_with_runs
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+
     from chexnet_utils.hvd_timeline import TimelineEvent
 
 _PHASE_COLORS = {
@@ -72,7 +74,7 @@ def plot_timeline(events: Sequence[TimelineEvent], max_tensors: int = 30,
     ax.invert_yaxis()
     ax.set_xlabel("time since the first recorded event (ms)")
     ax.set_title(title)
-    handles = [Patch(color=c, label=p) for p, c in used.items()]
+    handles: list[Artist] = [Patch(color=c, label=p) for p, c in used.items()]
     if any(e.phase == "READY" and e.tensor in row for e in events):
         handles.append(plt.Line2D([], [], color="black", lw=0.8, label="worker ready (READY)"))
     if any(not e.complete for e in spans):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -89,12 +90,12 @@ def similarity_histogram(same: Sequence[float] | np.ndarray,
     return fig
 
 
-def conversion_throughput(bench: Mapping[str, object]):  # noqa: ANN201
+def conversion_throughput(bench: Mapping[str, Any]):  # noqa: ANN201
     """One panel per image size of :func:`chexnet_utils.data.tfrecords.bench_conversion`'s result:
     images/s of the conversion with each worker count, the speed-up in the panel title."""
     import matplotlib.pyplot as plt
 
-    runs = dict(bench["runs"])  # type: ignore[call-overload]
+    runs = dict(bench["runs"])
     fig, axes = plt.subplots(1, len(runs), figsize=(9, 3.2), sharey=True, squeeze=False)
     for ax, (size, run) in zip(axes[0], runs.items(), strict=True):
         rates = dict(run["mean_img_per_s"])

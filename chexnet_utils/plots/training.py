@@ -53,8 +53,9 @@ def learning_curves(history: Mapping[str, Sequence[float]], reference: float | N
             ax_loss.plot([], [], ls=":", color="gray", label="learning rate / 10")
     ax_loss.set_ylabel("weighted BCE loss")
     ax_auc.set_ylabel("mean AUROC")
-    ax_auc.set_ylim(min(0.45, float(np.nanmin(series("val_mean_auroc"))) - 0.05)
-                    if series("val_mean_auroc") is not None else 0.45, 1.0)
+    val_auroc = series("val_mean_auroc")
+    ax_auc.set_ylim(min(0.45, float(np.nanmin(val_auroc)) - 0.05)
+                    if val_auroc is not None else 0.45, 1.0)
     ax_auc.axhline(0.5, color="black", lw=0.8, alpha=0.5)
     for ax in (ax_loss, ax_auc):
         ax.set_xlabel("epoch")

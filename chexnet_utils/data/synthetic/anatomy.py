@@ -12,6 +12,7 @@ grey levels.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,11 +69,14 @@ class Anatomy:
     def lung_edges(self, t: Any) -> tuple[Any, Any]:
         """Medial and lateral |x| of the lung outline at relative height ``t`` (0 = apex)."""
         xa = self.xapex
+        sq: Callable[[Any], Any]  # np.sqrt or math.sqrt, with tl and tm arrays or floats
+        tl: Any
+        tm: Any
         if isinstance(t, np.ndarray):
             sq = np.sqrt
             tl, tm = np.clip(t * (1 / 0.45), 0, 1), np.clip(t * (1 / 0.2), 0, 1)
         else:
-            sq = math.sqrt  # type: ignore[assignment]
+            sq = math.sqrt
             tl, tm = min(max(t / 0.45, 0.0), 1.0), min(max(t / 0.2, 0.0), 1.0)
         return xa - (xa - self.xmed) * sq(tm), xa + (self.xlat - xa) * sq(tl)
 
@@ -179,8 +183,9 @@ def ellipse(x: np.ndarray, y: np.ndarray, cx: float, cy: float, rx: float, ry: f
     return np.clip((1.0 - q) * k, 0.0, 1.0)
 
 
-def smooth_noise(rng: np.random.Generator, grid: int, shape: tuple[int, int]) -> np.ndarray:
-    """Low-frequency noise (~N(0,1) at ``grid`` x ``grid`` knots, bicubic in between)."""
+def smooth_noise(rng: np.random.Generator, grid: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Low-frequency noise (~N(0,1) at ``grid`` x ``grid`` knots, bicubic in between) of
+    ``shape`` ``(height, width)``."""
     g = rng.standard_normal((grid, grid)).astype(np.float32)
     h, w = shape
     return np.asarray(Image.fromarray(g).resize((w, h), Image.Resampling.BICUBIC))

@@ -87,7 +87,9 @@ def _marker(n: int, size: int, seed: int, per_folder: int, complete: bool,
 
 def _same_params(marker: dict[str, Any] | None, n: int, size: int, seed: int,
                  per_folder: int) -> bool:
-    return bool(marker) and all(marker.get(k) == v for k, v in (  # type: ignore[union-attr]
+    if not marker:
+        return False
+    return all(marker.get(k) == v for k, v in (
         ("version", GENERATOR_VERSION), ("n", n), ("size", size), ("seed", seed),
         ("per_folder", per_folder)))
 

@@ -483,7 +483,8 @@ def _params(data_dir: Path | str, image_size: int | None, encoding: str, jpeg_qu
         "encoding": encoding,
         "jpeg_quality": jpeg_quality if encoding == "jpeg" else None,
         "shard_size": shard_size,
-        "shard_mb": None if shard_size is not None else float(shard_mb),  # type: ignore[arg-type]
+        "shard_mb": (None if shard_size is not None
+                     else float(shard_mb)),  # type: ignore[arg-type]  # set if shard_size is None
         # The size-based plan's rounding (see planned_shard_count). Absent (None) in manifests
         # of older versions, whose size-based plans did not round: such a folder is refused
         # by _earlier_conversion with a hint, rather than silently re-planned and rewritten.

@@ -58,7 +58,7 @@ class ConversionError(RuntimeError):
         self.path = None if path is None else str(path)
         self.reason = reason
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]  # picklable across processes
+    def __reduce__(self) -> tuple[type, tuple[str | None, str]]:  # picklable across processes
         return (self.__class__, (self.path, self.reason))
 
 

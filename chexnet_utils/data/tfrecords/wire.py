@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import google_crc32c  # type: ignore[import-not-found]
+import google_crc32c
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.internal import api_implementation
@@ -91,7 +91,7 @@ def write_records(path: Path | str, records: Iterable[bytes]) -> str:
     return digest.hexdigest()
 
 
-def read_records(path: Path | str, check_crc: bool = True) -> Iterator[bytes]:
+def read_records(path: str | os.PathLike[str], check_crc: bool = True) -> Iterator[bytes]:
     """Yield the records of a TFRecord file (uncompressed), checking both CRCs.
 
     Raises :class:`ValueError` naming the file and the byte offset on a truncated record, a
@@ -227,7 +227,7 @@ def decode_example(data: bytes) -> dict[str, list[Any]]:
     return out
 
 
-def read_examples(path: Path | str) -> Iterator[dict[str, Any]]:
+def read_examples(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Decoded records of one shard without TensorFlow: ``name``, ``label`` (float32 [14]),
     ``patient_id``, ``height``, ``width``, ``format``, ``image_bytes``."""
     for data in read_records(path):

@@ -106,14 +106,15 @@ def check_shard_layout(answer: Sequence[int] | None, tfrecords_dir: Path | str,
     if isinstance(answer, Sequence) and not isinstance(answer, str):
         given = [number(x) for x in answer]
     ok = given == plan or pair(answer) == (n_shards, last)
-    dropped = given is not None and None not in given and sum(given) < n  # type: ignore[arg-type]
+    numbers = [x for x in given or [] if x is not None]
+    dropped = given is not None and len(numbers) == len(given) and sum(numbers) < n
     return verdict(
         ok,
         f"{n} {split} images in shards of {shard_size}: ceil({n} / {shard_size}) = {n_shards} "
         f"shards, the last holds {n} - {shard_size} x {n_shards - 1} = {last}."
         + (f" A writer that keeps only full shards would silently drop those {last}."
            if last < shard_size else ""),
-        f"your plan holds {sum(given):g} of the {n} images: the last shard takes the "  # type: ignore[arg-type]
+        f"your plan holds {sum(numbers):g} of the {n} images: the last shard takes the "
         "remainder (it is written, not dropped)." if dropped else
         f"the {split} split has {n} images; every shard but the last holds {shard_size}, "
         "and the last takes the remainder (it is written, not dropped).")

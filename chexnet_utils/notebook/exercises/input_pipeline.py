@@ -261,7 +261,7 @@ def _random(ops: set[str]) -> bool:
 
 def _images(dataset: Any) -> list[Any]:
     """The images of one pass over a dataset of ``(image, label)`` elements or batches."""
-    out = []
+    out: list[Any] = []
     for element in dataset.as_numpy_iterator():
         images = element[0] if isinstance(element, tuple) else element
         out.extend(images if images.ndim == 4 else [images])
@@ -327,8 +327,10 @@ def check_cache_placement(answer: Callable[[Sequence[Path]], Any] | None,
                 "end (a cache is kept only after a full pass: not with take())."))
     epochs = []
     for epoch, images in enumerate((first, second), 1):
-        matched = [_match(x, reference) for x in images]
-        if None in matched or sorted(i for i, _ in matched) != list(range(len(reference))):
+        found = [_match(x, reference) for x in images]
+        matched = [m for m in found if m is not None]
+        if (len(matched) != len(found)
+                or sorted(i for i, _ in matched) != list(range(len(reference)))):
             return verdict(False, "", (
                 f"epoch {epoch} holds {len(images)} images; {len(reference)} records decoded "
                 "with decode(...) (or their mirror images) were expected, each once: build on "

@@ -31,7 +31,7 @@ def check_which_is_faster(answer: str | None, measured: Mapping[str, float | Non
     not_measured = [n for n in names if number(measured[n]) is None]
     if not_measured:
         return verdict(False, "", f"measure {not_measured} first and pass the value(s).")
-    a, b = (float(measured[n]) for n in names)  # type: ignore[arg-type]
+    a, b = (float(measured[n]) for n in names)  # type: ignore[arg-type]  # number() took both above
     fast, slow = (names[0], names[1]) if (a > b) == higher_is_faster else (names[1], names[0])
     speedup = max(a, b) / min(a, b) if min(a, b) > 0 else math.inf
     expected = SAME if speedup <= 1 + same_within else fast

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
 
 SAME = "same"
 """The answer of :func:`check_which_is_faster` when neither is clearly faster."""
@@ -21,7 +24,7 @@ def verdict(ok: bool, correct: str, hint: str) -> bool:
     return ok
 
 
-def missing(answer: Any, hint: str) -> bool:
+def missing(answer: object, hint: str) -> TypeIs[None]:
     """``True`` (after printing a hint) when the answer is still the ``None`` placeholder."""
     if answer is None:
         print(f"Not yet: replace `answer = None` with your answer. Hint: {hint}")
