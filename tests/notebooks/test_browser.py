@@ -173,15 +173,9 @@ def test_lab_serves_project_kernel_and_ipyparallel(lab):
 
 
 def _shut_down_kernels(lab: LabServer, path: str) -> None:
-    import urllib.error
-
     for session in lab.request("/api/sessions"):
         if session["path"] == path:
-            try:
-                lab.request(f"/api/sessions/{session['id']}", method="DELETE")
-            except urllib.error.HTTPError as e:
-                if e.code != 404:  # 404: closing the tab already shut it down (kernelShutdown)
-                    raise
+            lab.shut_down_session(session["id"])
 
 
 @pytest.fixture(scope="module")

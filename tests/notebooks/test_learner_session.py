@@ -31,11 +31,9 @@ time.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import time
-import urllib.error
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,8 +186,7 @@ def shut_down_sessions(lab: LabServer, which) -> None:  # noqa: ANN001
     ends meanwhile, culled say, is no error)."""
     for s in lab.request("/api/sessions"):
         if which(s["path"]):
-            with contextlib.suppress(urllib.error.HTTPError):
-                lab.request(f"/api/sessions/{s['id']}", method="DELETE")
+            lab.shut_down_session(s["id"])
 
 
 def menu(page, bar: str, command: str) -> None:  # noqa: ANN001

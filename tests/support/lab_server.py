@@ -32,6 +32,7 @@ from chexnet_utils.lab import (
     CULL_INTERVAL_S,
     LOOPBACK,
     PROJECT_KERNEL,
+    SHUTDOWN_WAIT_S,
     install_lab_overrides,
     install_mpi_profile,
     lab_args,
@@ -135,6 +136,18 @@ class LabServer:
         finally:
             self._remember_children()
         return json.loads(body) if body.strip() else None
+
+    def shut_down_session(self, session_id: str) -> None:
+        """DELETE a session and its kernel; one already gone (404: closing its tab shut it
+        down) is no error. The server gives the kernel up to ``SHUTDOWN_WAIT_S`` to stop its
+        clusters before it kills it, and answers only then, so the request waits that long
+        and a margin (the default 10 s timed out on a loaded machine)."""
+        try:
+            self.request(f"/api/sessions/{session_id}", method="DELETE",
+                         timeout=SHUTDOWN_WAIT_S + 15.0)
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                raise
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server's log (for failure messages)."""
