@@ -345,10 +345,15 @@ fi
 # folder, which another checkout's setup may have pointed at its own venv) and for the user
 # (for a Jupyter outside this environment).
 kernel_where=(--sys-prefix); [ "$KERNEL_USER" = 1 ] && kernel_where+=(--user)
+# ipykernel 7 stages the kernel in a tempfile.mkdtemp(suffix="_kernels") folder and removes
+# only the folder inside it (kernelspec.write_kernel_spec, then install's rmtree): two empty
+# /tmp/tmp*_kernels per setup. Its TMPDIR is a folder of ours, removed after.
+kernel_stage=$(mktemp -d)
 for where in "${kernel_where[@]}"; do
-  "$PY" -m ipykernel install "$where" --name "$KERNEL_NAME" \
+  TMPDIR="$kernel_stage" "$PY" -m ipykernel install "$where" --name "$KERNEL_NAME" \
     --display-name "$KERNEL_DISPLAY" >/dev/null
 done
+rm -rf "$kernel_stage"
 say "Jupyter kernel '$KERNEL_NAME' registered"
 # ipyparallel's wheel ships its JupyterLab extension (the "IPython Parallel" sidebar) and
 # server extension, enabled; enable them again only if something disabled them.
