@@ -35,7 +35,7 @@ from chexnet_utils.lab import (
     main,
 )
 from tests.notebooks.conftest import NOTEBOOKS
-from tests.support.lab_server import LabServer, heading_text, notebook_title
+from tests.support.lab_server import heading_text, notebook_title
 
 TIMEOUT_MS = 90_000   # per notebook: JupyterLab's first load on a busy 2-core machine
 
@@ -172,12 +172,6 @@ def test_lab_serves_project_kernel_and_ipyparallel(lab):
     assert isinstance(lab.request("/ipyparallel/clusters"), list), "ipyparallel's server extension"
 
 
-def _shut_down_kernels(lab: LabServer, path: str) -> None:
-    for session in lab.request("/api/sessions"):
-        if session["path"] == path:
-            lab.shut_down_session(session["id"])
-
-
 @pytest.fixture(scope="module")
 def lab_page(lab, browser):  # noqa: ANN001, ANN201
     """One JupyterLab page for every notebook: the application loads once (6-8 s each on a
@@ -246,4 +240,4 @@ def test_notebook_renders_title_with_project_kernel(lab, lab_page, shots, notebo
             print(f"screenshot of {notebook.name} failed: {e}")
         finally:
             _close_current_tab(page)
-            _shut_down_kernels(lab, notebook.name)
+            lab.shut_down_sessions(lambda path: path == notebook.name)

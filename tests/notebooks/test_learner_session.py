@@ -181,14 +181,6 @@ def errors_in_page(page, scroll: bool = False) -> list[str]:  # noqa: ANN001
     return [t[:400] for t in texts if "Traceback (most recent call last)" in t]
 
 
-def shut_down_sessions(lab: LabServer, which) -> None:  # noqa: ANN001
-    """Shut down the kernels of the sessions whose path ``which(path)`` accepts (one that
-    ends meanwhile, culled say, is no error)."""
-    for s in lab.request("/api/sessions"):
-        if which(s["path"]):
-            lab.shut_down_session(s["id"])
-
-
 def menu(page, bar: str, command: str) -> None:  # noqa: ANN001
     """Click menu ``bar`` (``Run``, ``Kernel``) and its item for ``command``."""
     page.locator(".lm-MenuBar-item", has_text=bar).first.click()
@@ -237,7 +229,7 @@ def session(lab: LabServer, browser, shots: Path) -> Iterator[Session]:  # noqa:
                 context.close()
             except Exception:
                 pass
-        shut_down_sessions(lab, lambda path: path.startswith(("scratch/", "00_")))
+        lab.shut_down_sessions(lambda path: path.startswith(("scratch/", "00_")))
         print(f"\nlearner session: {time.monotonic() - t0:.1f} s wall time")
 
 
@@ -279,7 +271,7 @@ def test_run_all_cells_of_notebook_00_shows_outputs_and_no_error(session: Sessio
     finally:
         context.close()
         session.contexts.remove(context)
-        shut_down_sessions(lab, lambda p: p == path)
+        lab.shut_down_sessions(lambda p: p == path)
 
 
 def test_px_cell_shows_both_ranks(session: Session):

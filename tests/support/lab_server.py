@@ -22,6 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -137,17 +138,21 @@ class LabServer:
             self._remember_children()
         return json.loads(body) if body.strip() else None
 
-    def shut_down_session(self, session_id: str) -> None:
-        """DELETE a session and its kernel; one already gone (404: closing its tab shut it
-        down) is no error. The server gives the kernel up to ``SHUTDOWN_WAIT_S`` to stop its
-        clusters before it kills it, and answers only then, so the request waits that long
-        and a margin (the default 10 s timed out on a loaded machine)."""
-        try:
-            self.request(f"/api/sessions/{session_id}", method="DELETE",
-                         timeout=SHUTDOWN_WAIT_S + 15.0)
-        except urllib.error.HTTPError as e:
-            if e.code != 404:
-                raise
+    def shut_down_sessions(self, which: Callable[[str], bool]) -> None:
+        """DELETE every session whose path ``which(path)`` accepts, and its kernel; one already
+        gone (404: closing its tab shut it down, or it was culled) is no error. The server gives
+        a kernel up to ``SHUTDOWN_WAIT_S`` to stop its clusters before it kills it, and answers
+        only then, so each request waits that long and a margin (the default 10 s timed out on
+        a loaded machine)."""
+        for session in self.request("/api/sessions"):
+            if not which(session["path"]):
+                continue
+            try:
+                self.request(f"/api/sessions/{session['id']}", method="DELETE",
+                             timeout=SHUTDOWN_WAIT_S + 15.0)
+            except urllib.error.HTTPError as e:
+                if e.code != 404:
+                    raise
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server's log (for failure messages)."""
