@@ -15,21 +15,17 @@ docs/architecture.md):
 - :mod:`~chexnet_utils.model`: CheXNet, AUROC, mixed precision and XLA, Grad-CAM;
 - :mod:`~chexnet_utils.cluster`: MPI engines driven from a notebook, interrupts, Slurm, engines
   on other hosts, two nodes in network namespaces;
-- :mod:`~chexnet_utils.bench`: the measurements (the stopwatch, pipelines, idle time, timelines,
-  timed steps, scaling, the GPU node);
+- :mod:`~chexnet_utils.comm`: how the gradients travel: parameter server vs ring-allreduce
+  timed, the alpha-beta cost model, Horovod timelines;
+- :mod:`~chexnet_utils.training`: :func:`~chexnet_utils.training.train` for the CLI, Horovod and
+  Slurm, the data-parallel seams, callbacks, checkpoints, Horovod on Keras 3;
+- :mod:`~chexnet_utils.bench`: the measurements (pipelines, idle time, timelines, timed steps,
+  scaling, the GPU node, the tf.data service, the two-node link);
 - :mod:`~chexnet_utils.plots`: every figure, one function each;
 - :mod:`~chexnet_utils.notebook`: tables, results, the exercises' checks, ``make tutorial``,
   clean notebooks in git.
 
-Not yet in a wing (issue 28 moves them next): the training modules
-(:mod:`~chexnet_utils.training`, :mod:`~chexnet_utils.dataparallel`,
-:mod:`~chexnet_utils.checkpoints`, :mod:`~chexnet_utils.train_data`,
-:mod:`~chexnet_utils.train_callbacks`, :mod:`~chexnet_utils.run_configs`,
-:mod:`~chexnet_utils.horovod_keras`) and the communication modules
-(:mod:`~chexnet_utils.comm`, :mod:`~chexnet_utils.collectives`,
-:mod:`~chexnet_utils.costmodel`, :mod:`~chexnet_utils.hvd_timeline`,
-:mod:`~chexnet_utils.comm_experiments`, :mod:`~chexnet_utils.linkbench`); and at the top
-:mod:`~chexnet_utils.config` (every setting), :mod:`~chexnet_utils.cli`
+At the top: :mod:`~chexnet_utils.config` (every setting), :mod:`~chexnet_utils.cli`
 (``python -m chexnet_utils``) and :mod:`~chexnet_utils.lab` (JupyterLab for ``make lab``).
 What only the tests use (a headless JupyterLab, the notebook linters, the closing table, a
 packet sniffer, the data-set fixtures) lives in ``tests/support/``, not here.

@@ -7,7 +7,7 @@
 computation (``_compute_gradients``), which Keras 2's ``train_step`` reaches through
 ``optimizer.minimize``. Keras 3 (the ``keras`` that TensorFlow >= 2.16
 installs) computes gradients with a tape and never calls it, so there the same recipe runs
-without an error and does not average (``chexnet_utils.horovod_keras``, notebook 04). This
+without an error and does not average (``chexnet_utils.training.horovod_keras``, notebook 04). This
 script selects Keras 2 before TensorFlow is imported and ends by comparing the ranks' weights:
 ``ranks identical: True``.
 """

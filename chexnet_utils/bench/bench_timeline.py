@@ -11,7 +11,7 @@ as ``benchmark.X``; :func:`chexnet_utils.plots.plot_timelines` draws them):
     The share of an emulated accelerator's time (a sleep per step, no CPU used) spent
     waiting for the pipeline: the articles' idle GPU.
 
-Not to be confused with :mod:`chexnet_utils.hvd_timeline` (Horovod's own timeline of
+Not to be confused with :mod:`chexnet_utils.comm.timeline` (Horovod's own timeline of
 collective operations).
 """
 

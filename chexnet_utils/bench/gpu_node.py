@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from chexnet_utils.bench.steptimer import StepConfig
-from chexnet_utils.collectives import barrier
+from chexnet_utils.comm.collectives import barrier
 from chexnet_utils.model.models import FULL_SIZE_ARCHITECTURES
 from chexnet_utils.platform.timing import barrier_windows
 
@@ -112,9 +112,9 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
 
     from chexnet_utils.bench.scaling import prepare_data_parallel_model
     from chexnet_utils.data.tfrecords import list_shards
-    from chexnet_utils.dataparallel import init_world
     from chexnet_utils.input.pipelines import accelerator_device, build_pipeline, to_accelerator
     from chexnet_utils.model.accelerator import build_model, resolve_switches
+    from chexnet_utils.training.dataparallel import init_world
 
     rank, size = init_world(True)
     sw = resolve_switches(c.mixed_precision, c.xla, distributed=True)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.bench.steptimer import StepConfig
-from chexnet_utils.collectives import barrier
+from chexnet_utils.comm.collectives import barrier
 from chexnet_utils.platform.timing import barrier_windows
 
 if TYPE_CHECKING:
@@ -55,8 +55,8 @@ def prepare_data_parallel_model(model: Any, jit_compile: bool = False) -> None:
     import numpy as np
 
     from chexnet_utils.data.labels import NUM_CLASSES
-    from chexnet_utils.dataparallel import broadcast_initial_state, gradient_averager
     from chexnet_utils.model.models import WeightedBCE
+    from chexnet_utils.training.dataparallel import broadcast_initial_state, gradient_averager
 
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=WeightedBCE(np.full(NUM_CLASSES, 0.5), np.full(NUM_CLASSES, 0.5)),
@@ -80,9 +80,9 @@ def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
     import keras
 
     from chexnet_utils.data.tfrecords import list_shards
-    from chexnet_utils.dataparallel import init_world
     from chexnet_utils.input.pipelines import build_pipeline
     from chexnet_utils.model.models import build_chexnet
+    from chexnet_utils.training.dataparallel import init_world
 
     c = StepConfig.of(cfg)
     rank, size = init_world(True)

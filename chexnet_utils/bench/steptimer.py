@@ -22,8 +22,13 @@ from typing import Any
 import numpy as np
 
 from chexnet_utils.cluster.distributed import mpi_rank
-from chexnet_utils.collectives import barrier, horovod_compression, init_horovod, quiet_tensorflow
-from chexnet_utils.hvd_timeline import record_timeline
+from chexnet_utils.comm.collectives import (
+    barrier,
+    horovod_compression,
+    init_horovod,
+    quiet_tensorflow,
+)
+from chexnet_utils.comm.timeline import record_timeline
 from chexnet_utils.platform.timing import barrier_windows
 
 
@@ -123,9 +128,10 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
 
     The step is a ``tf.function``: forward, loss, ``tape.gradient``, average the gradients
     with Horovod, ``optimizer.apply_gradients`` (SGD). ``reduction="grouped"`` averages them
-    in one ``hvd.grouped_allreduce``, ``"per_tensor"`` (as :mod:`chexnet_utils.dataparallel`)
-    with one ``hvd.allreduce`` per gradient (like ``hvd.DistributedGradientTape``); optional
-    ``compression="fp16"``. Rank 0's initial weights are broadcast first.
+    in one ``hvd.grouped_allreduce``, ``"per_tensor"``
+    (as :mod:`chexnet_utils.training.dataparallel`) with one ``hvd.allreduce`` per gradient
+    (like ``hvd.DistributedGradientTape``); optional ``compression="fp16"``. Rank 0's initial
+    weights are broadcast first.
 
     With ``timeline_path`` and ``HOROVOD_TIMELINE=DYNAMIC`` in the workers' environment
     (``MPICluster(env={"HOROVOD_TIMELINE": "DYNAMIC"})``), ``timeline_steps`` more steps are
@@ -140,8 +146,8 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
     import keras
     import tensorflow as tf
 
-    from chexnet_utils.dataparallel import broadcast_initial_state, init_world
     from chexnet_utils.model.models import build_chexnet
+    from chexnet_utils.training.dataparallel import broadcast_initial_state, init_world
 
     quiet_tensorflow()
     c = StepConfig.of(cfg, **overrides)
@@ -205,8 +211,8 @@ def _throughput(runs: list[float], c: StepConfig, n: int) -> dict[str, Any]:
 
 
 class _OptimizerHolder:
-    """What :func:`chexnet_utils.dataparallel.broadcast_initial_state` needs: ``.variables``
-    and ``.optimizer.variables``."""
+    """What :func:`chexnet_utils.training.dataparallel.broadcast_initial_state` needs:
+    ``.variables`` and ``.optimizer.variables``."""
 
     def __init__(self, model: Any, optimizer: Any) -> None:
         self.variables = model.variables

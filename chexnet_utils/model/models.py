@@ -10,10 +10,10 @@ What is here
   Keras' own with one seam: the gradients pass through :attr:`ChexNet.gradient_reducer`
   (identity by default) before the optimizer applies them. Data-parallel training plugs the
   gradient average in there, e.g. with Horovod
-  ``model.gradient_reducer = chexnet_utils.horovod_keras.per_tensor_average``.
+  ``model.gradient_reducer = chexnet_utils.training.horovod_keras.per_tensor_average``.
   (``hvd.DistributedGradientTape`` works on Keras 3 only when asked for the gradients of the
   variables' ``.value``; ``hvd.keras.DistributedOptimizer`` runs but does not average on
-  Keras 3: :mod:`chexnet_utils.horovod_keras`.)
+  Keras 3: :mod:`chexnet_utils.training.horovod_keras`.)
 * :func:`class_weights_from_prevalence` and :class:`WeightedBCE` - a weighted binary
   cross-entropy against class imbalance: the weighting the CheXNet paper defines for its
   binary pneumonia model (arXiv:1711.05225v3 §2.1) applied to each of the 14 classes. (The

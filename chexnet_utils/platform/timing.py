@@ -17,7 +17,7 @@ This module holds the one implementation of each:
 - :func:`barrier_windows`: the engines' clock: ``warmup_steps`` untimed steps, then windows
   of ``steps`` steps, each opened (and closed) by a barrier so that every worker times the
   same interval (:mod:`chexnet_utils.bench.steptimer`, :mod:`chexnet_utils.bench.scaling`,
-  :mod:`chexnet_utils.bench.gpu_node`, :mod:`chexnet_utils.collectives`);
+  :mod:`chexnet_utils.bench.gpu_node`, :mod:`chexnet_utils.comm.collectives`);
 - :func:`alternating`: the run order A B, B A, A B ... of ``repeats`` rounds;
 - :func:`mean_std`: mean and sample standard deviation of a list of rates; :class:`RunMean`,
   the mean of a result's per-run list as an attribute.

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chexnet_utils.costmodel import busbw, predict, scaling_efficiency_prediction
-from chexnet_utils.hvd_timeline import parse_timeline, short_tensor_name
+from chexnet_utils.comm.costmodel import busbw, predict, scaling_efficiency_prediction
+from chexnet_utils.comm.timeline import parse_timeline, short_tensor_name
 from chexnet_utils.plots.charts import bars_with_runs
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
 
-    from chexnet_utils.hvd_timeline import TimelineEvent
+    from chexnet_utils.comm.timeline import TimelineEvent
 
 _PHASE_COLORS = {
     "NEGOTIATE_ALLREDUCE": "#c7c7c7", "NEGOTIATE_BROADCAST": "#c7c7c7",
@@ -122,8 +122,9 @@ def alpha_beta_fit(sizes_bytes: Sequence[float],
     """Measured times against the fitted alpha-beta model, log-log, one colour per series.
 
     ``series`` maps a label to ``(times_s, (alpha, beta), algorithm, colocated_server)``:
-    the measured seconds per size and the fit of :func:`chexnet_utils.costmodel.fit_alpha_beta`
-    for that algorithm on ``n`` workers; points are measurements, lines the model.
+    the measured seconds per size and the fit of
+    :func:`chexnet_utils.comm.costmodel.fit_alpha_beta` for that algorithm on ``n`` workers;
+    points are measurements, lines the model.
     """
     import matplotlib.pyplot as plt
 
@@ -157,8 +158,8 @@ def scaling_prediction(grad_bytes: Mapping[str, float], step_compute_s: float, a
     Per model of ``grad_bytes`` (name -> gradient bytes): the ring on the fitted link
     (solid), the parameter server (dashed) and, if ``network_beta`` is given, the ring on
     that link (dotted; default 25 Gbit/s), all from
-    :func:`chexnet_utils.costmodel.scaling_efficiency_prediction`. ``reported`` (e.g.
-    :data:`~chexnet_utils.costmodel.REPORTED_HOROVOD_2018`: name -> ``gpus``,
+    :func:`chexnet_utils.comm.costmodel.scaling_efficiency_prediction`. ``reported`` (e.g.
+    :data:`~chexnet_utils.comm.costmodel.REPORTED_HOROVOD_2018`: name -> ``gpus``,
     ``efficiency``) are drawn as markers, shifted a little sideways so they do not hide
     each other.
     """
@@ -233,7 +234,7 @@ def tensor_fusion(bursts: Mapping[str, Mapping[str, Mapping[str, Any]]],
                   ):  # noqa: ANN201
     """One panel per burst of tensors (``burst_elems``: name -> elements per tensor), one bar
     per Horovod setting (``bursts``: setting -> burst name -> result of
-    :func:`chexnet_utils.collectives.allreduce_burst_times`): ``key`` as the bar, every
+    :func:`chexnet_utils.comm.collectives.allreduce_burst_times`): ``key`` as the bar, every
     repeat (``times_s``) as a tick."""
     import matplotlib.pyplot as plt
 
@@ -266,8 +267,8 @@ def binding(steps: Mapping[str, Mapping[str, Any]], n: int, cores: int):  # noqa
 
 def allreduce_overlap(runs: Mapping[str, Mapping[str, Any]]):  # noqa: ANN201
     """Side-by-side Horovod timelines of one training step per reduction mode (``runs``:
-    mode -> :func:`chexnet_utils.horovod_keras.allreduce_enqueue_spread`'s result, with the
-    ``timeline`` path and ``n_tensors``): when each gradient reached Horovod."""
+    mode -> :func:`chexnet_utils.training.horovod_keras.allreduce_enqueue_spread`'s result, with
+    the ``timeline`` path and ``n_tensors``): when each gradient reached Horovod."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 5), squeeze=False)

@@ -15,13 +15,13 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from chexnet_utils import horovod_keras as HK
 from chexnet_utils.cluster.distributed import (
     MPICluster,
     launcher_command,
     mpi_environment,
     mpirun_command,
 )
+from chexnet_utils.training import horovod_keras as HK
 
 pytestmark = pytest.mark.mpi
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -145,8 +145,8 @@ def _validation_logs(tfr: str, distributed: bool) -> dict:
     from chexnet_utils import training as T
     from chexnet_utils.data.tfrecords import list_shards
     from chexnet_utils.model.models import WeightedBCE, build_chexnet
-    from chexnet_utils.train_callbacks import callback_classes
-    from chexnet_utils.train_data import eval_dataset
+    from chexnet_utils.training.callbacks import callback_classes
+    from chexnet_utils.training.splits import eval_dataset
 
     hvd.init()
     keras.utils.set_random_seed(0)

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from chexnet_utils.bench.link import expected_link_bytes, run_probe, tcp_throughput
 from chexnet_utils.cluster.netns import (
     TwoNodes,
     leftovers,
@@ -26,8 +27,7 @@ from chexnet_utils.cluster.netns import (
     two_nodes,
     unavailable_reason,
 )
-from chexnet_utils.collectives import MIB
-from chexnet_utils.linkbench import expected_link_bytes, run_probe, tcp_throughput
+from chexnet_utils.comm.collectives import MIB
 from chexnet_utils.platform.processes import alive
 
 pytestmark = pytest.mark.mpi

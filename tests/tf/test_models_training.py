@@ -18,7 +18,7 @@ from chexnet_utils import training as T
 from chexnet_utils.cli import main
 from chexnet_utils.data.labels import NUM_CLASSES, PATHOLOGIES
 from chexnet_utils.model import models as M
-from chexnet_utils.train_data import eval_dataset
+from chexnet_utils.training.splits import eval_dataset
 from tests.support.datasets import synthetic_tfrecords
 
 tf = pytest.importorskip("tensorflow")

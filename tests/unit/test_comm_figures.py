@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from chexnet_utils import costmodel, plots  # noqa: E402
+from chexnet_utils import plots  # noqa: E402
+from chexnet_utils.comm import costmodel  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from chexnet_utils import comm_experiments, config, costmodel, run_configs
+from chexnet_utils import config
+from chexnet_utils.comm import costmodel, experiments
+from chexnet_utils.training import run_configs
 
 
 def test_predict_efficiencies_is_the_cost_model_per_model_and_worker_count():
@@ -54,10 +56,10 @@ class _Cluster:
 
 def test_run_bursts_runs_each_burst_and_keeps_rank_0():
     cluster = _Cluster()
-    out = comm_experiments.run_bursts(cluster, {"big": [10, 20], "small": [1] * 5}, repeats=3)
+    out = experiments.run_bursts(cluster, {"big": [10, 20], "small": [1] * 5}, repeats=3)
     assert out == {"big": {"n": 2, "rank": 0}, "small": {"n": 5, "rank": 0}}
     fn, args, kwargs = cluster.calls[0]
-    assert fn is comm_experiments.allreduce_burst_times
+    assert fn is experiments.allreduce_burst_times
     assert args == ([10, 20], 3) and kwargs["stream_rank0"] is False
 
 
@@ -68,7 +70,7 @@ def test_idle_cpu_percent_tells_a_sleeping_from_a_spinning_process():
              for code in ("import time; time.sleep(60)", "while True: pass")]
     try:
         assert [p.stdout.readline() for p in procs] == ["ready\n"] * 2  # started up: a handshake
-        sleeping, spinning = comm_experiments.idle_cpu_percent([p.pid for p in procs],
+        sleeping, spinning = experiments.idle_cpu_percent([p.pid for p in procs],
                                                                seconds=0.5)
     finally:
         for p in procs:

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chexnet_utils import checkpoints, dataparallel, training
+from chexnet_utils import training
+from chexnet_utils.training import checkpoints, dataparallel
 
 
 def test_single_worker_seams_are_identities() -> None:

@@ -294,13 +294,13 @@ def _reports(**change):
     ({"wrote": True}, "rank 0 only"),             # every rank writes its checkpoint
 ])
 def test_horovod_conversion_wrong_versions_get_their_hint(change, hint):
-    from chexnet_utils.horovod_keras import conversion_problem
+    from chexnet_utils.training.horovod_keras import conversion_problem
 
     assert hint in (conversion_problem(_reports(**change)) or "")
 
 
 def test_horovod_conversion_right_versions_pass(capsys):
-    from chexnet_utils.horovod_keras import conversion_problem
+    from chexnet_utils.training.horovod_keras import conversion_problem
 
     assert conversion_problem(_reports()) is None
     assert conversion_problem(_reports(lr=1e-3 * math.sqrt(2))) is None
@@ -309,7 +309,7 @@ def test_horovod_conversion_right_versions_pass(capsys):
 
 
 def test_uneven_shards_verdicts(capsys):
-    from chexnet_utils.horovod_keras import join_problem
+    from chexnet_utils.training.horovod_keras import join_problem
 
     ok = [{"rank": 0, "batches": 4, "ran": 4, "end": "e"}, {"rank": 1, "batches": 2, "ran": 2,
                                                            "end": "e"}]
@@ -320,7 +320,7 @@ def test_uneven_shards_verdicts(capsys):
 
 
 def test_uneven_shards_error_is_reported_not_raised():
-    from chexnet_utils.horovod_keras import join_problem
+    from chexnet_utils.training.horovod_keras import join_problem
 
     ranks = [{"rank": r, "batches": 2, "ran": 2, "end": "e",
               "error": "TypeError: Expected int for argument 'root_rank'"} for r in range(2)]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from chexnet_utils import cli, linkbench
+from chexnet_utils import cli
+from chexnet_utils.bench import link as linkbench
 from chexnet_utils.cluster import netns
 
 

@@ -3,8 +3,8 @@ one from it), with the preset's fields and the run's overrides."""
 
 from __future__ import annotations
 
-from chexnet_utils import config, run_configs
-from chexnet_utils.training import TrainConfig
+from chexnet_utils import config
+from chexnet_utils.training import TrainConfig, run_configs
 
 
 def test_engine_train_config_builds_a_train_config(tmp_path):

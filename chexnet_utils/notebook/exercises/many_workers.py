@@ -107,10 +107,14 @@ def check_horovod_conversion(answer: tuple[Callable[..., Any], Callable[..., Any
     """04 exercise 6: ``answer = (to_horovod, save)``, your conversion of a one-worker step
     (``to_horovod(model, optimizer, loss_fn)`` returns ``step(images, labels)``) and of its
     checkpoint (``save(model, folder)``), run on fresh engines (or through ``run``) by
-    :func:`chexnet_utils.horovod_keras.conversion_trial`; the ranks compared."""
+    :func:`chexnet_utils.training.horovod_keras.conversion_trial`; the ranks compared."""
     import tempfile
 
-    from chexnet_utils.horovod_keras import conversion_problem, conversion_trial, run_on_engines
+    from chexnet_utils.training.horovod_keras import (
+        conversion_problem,
+        conversion_trial,
+        run_on_engines,
+    )
 
     if missing(answer, "convert the two functions above and set answer = (to_horovod, save)"):
         return False
@@ -128,10 +132,10 @@ def check_horovod_conversion(answer: tuple[Callable[..., Any], Callable[..., Any
 def check_uneven_shards(answer: Callable[..., Any] | None, n_workers: int = 2,
                         run: Callable[..., list[Any]] | None = None, timeout: float = 90) -> bool:
     """04 exercise 7: your ``train_all(step, batches, model)`` on shards of unequal size
-    (:func:`chexnet_utils.horovod_keras.join_trial`: 4 batches on rank 0, 2 on rank 1):
+    (:func:`chexnet_utils.training.horovod_keras.join_trial`: 4 batches on rank 0, 2 on rank 1):
     every rank trains on all its batches, no rank hangs, the ranks end identical."""
     from chexnet_utils.cluster.distributed import EngineFailure
-    from chexnet_utils.horovod_keras import join_problem, join_trial, run_on_engines
+    from chexnet_utils.training.horovod_keras import join_problem, join_trial, run_on_engines
 
     if missing(answer, "write train_all (the cell above) and set answer = train_all"):
         return False

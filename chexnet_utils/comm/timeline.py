@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chexnet_utils.collectives import barrier
+from chexnet_utils.comm.collectives import barrier
 
 # ---------------------------------------------------------------------------------------
 # Horovod timeline

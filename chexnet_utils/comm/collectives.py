@@ -3,8 +3,8 @@
 In data-parallel training every worker computes gradients on its own mini-batch, and before
 the weights can be updated the gradients must be **averaged across all workers**. This
 module times the two classic ways of doing it on Horovod workers (ipyparallel MPI engines,
-see :class:`chexnet_utils.cluster.distributed.MPICluster`); :mod:`chexnet_utils.costmodel` models
-the measurements.
+see :class:`chexnet_utils.cluster.distributed.MPICluster`);
+:mod:`chexnet_utils.comm.costmodel` models the measurements.
 
 Parameter server (PS)
     Every worker sends its whole gradient to one server, the server averages and sends the
@@ -316,7 +316,7 @@ def allreduce_burst_times(tensor_elems: Sequence[int], repeats: int = 5, warmup:
     all in flight together and Horovod's **tensor fusion** may pack the ready ones into one
     buffer of up to ``HOROVOD_FUSION_THRESHOLD`` bytes and reduce them in one go (one latency
     instead of hundreds). ``mode="grouped"`` uses ``hvd.grouped_allreduce`` (what
-    :mod:`chexnet_utils.dataparallel` does): the group is negotiated as one unit.
+    :mod:`chexnet_utils.training.dataparallel` does): the group is negotiated as one unit.
 
     Fusion settings are read from the environment at ``hvd.init()``, so compare them on
     separate clusters (``MPICluster(env={"HOROVOD_FUSION_THRESHOLD": "0"})``). Run on every

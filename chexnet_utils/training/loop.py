@@ -1,4 +1,4 @@
-"""Train CheXNet on converted TFRecords: one :func:`train` for the CLI, Horovod and the tests.
+"""The training loop: one :func:`train` on converted TFRecords for the CLI, Horovod and the tests.
 
 ::
 
@@ -53,7 +53,7 @@ The six changes that turn a single-worker Keras script into a Horovod one, and w
 4. gradients averaged across workers before the optimizer step: :func:`gradient_averager`
    returns one ``hvd.allreduce`` per gradient (overlapping the backward pass), applied in
    the model's ``train_step`` (the four ways to do this on Keras 3, and the documented one
-   that silently does not average, are in :mod:`chexnet_utils.horovod_keras`);
+   that silently does not average, are in :mod:`chexnet_utils.training.horovod_keras`);
 5. rank 0's model and optimizer variables broadcast to all before the first step:
    :func:`broadcast_initial_state`;
 6. checkpoints, logs and ``metrics.json`` written by rank 0 only.
@@ -65,18 +65,18 @@ metrics: every rank predicts the whole validation split with its own BatchNorm m
 statistics, which differ slightly between ranks, and the learning-rate plateau and the
 best-epoch choice must be taken on identical numbers everywhere, or the ranks' learning
 rates (and then their weights) drift apart. A ``RankAgreement`` callback
-(:func:`chexnet_utils.horovod_keras.rank_agreement_callback`) compares a digest of the
+(:func:`chexnet_utils.training.horovod_keras.rank_agreement_callback`) compares a digest of the
 trainable weights across ranks after the first steps and at every epoch end and stops the
-job with :class:`~chexnet_utils.horovod_keras.RanksDiverged` if they differ. ``metrics.json``
-records every rank's final learning rate and weight hash (``ranks``).
+job with :class:`~chexnet_utils.training.horovod_keras.RanksDiverged` if they differ.
+``metrics.json`` records every rank's final learning rate and weight hash (``ranks``).
 
 Where the pieces live
 ---------------------
 This module holds the configuration, the result and :func:`train` itself. The data-parallel
-seams (changes 1-5) are in :mod:`chexnet_utils.dataparallel`, the callbacks in
-:mod:`chexnet_utils.train_callbacks`, the files of ``out_dir`` in
-:mod:`chexnet_utils.checkpoints`, the manifest and split prediction helpers in
-:mod:`chexnet_utils.train_data`; the names callers used from here are re-exported.
+seams (changes 1-5) are in :mod:`chexnet_utils.training.dataparallel`, the callbacks in
+:mod:`chexnet_utils.training.callbacks`, the files of ``out_dir`` in
+:mod:`chexnet_utils.training.checkpoints`, the manifest and split prediction helpers in
+:mod:`chexnet_utils.training.splits`; the wing's ``__init__`` re-exports the names callers use.
 """
 
 from __future__ import annotations
@@ -91,30 +91,7 @@ from typing import Any
 
 import numpy as np
 
-from chexnet_utils.checkpoints import (
-    BEST_NAME,
-    CHECKPOINT_DIR,
-    CSV_NAME,
-    LAST_NAME,
-    METRICS_NAME,
-    STATE_FORMAT,
-    STATE_NAME,
-    TENSORBOARD_DIR,
-    load_checkpoint,
-    nan_if_none,
-    read_csv_log,
-    read_state,
-    write_json_atomic,
-)
 from chexnet_utils.data.labels import PATHOLOGIES
-from chexnet_utils.dataparallel import (
-    LR_SCALINGS,
-    broadcast_initial_state,
-    gradient_averager,
-    init_world,
-    scaled_learning_rate,
-    weights_checksum,
-)
 from chexnet_utils.input.pipelines import DEFAULT_SHUFFLE_BUFFER
 from chexnet_utils.model.models import (
     ARCHITECTURES,
@@ -122,39 +99,34 @@ from chexnet_utils.model.models import (
     mean_auroc,
     per_class_auroc,
 )
-from chexnet_utils.train_callbacks import callback_classes
-from chexnet_utils.train_data import (
+from chexnet_utils.training.callbacks import callback_classes
+from chexnet_utils.training.checkpoints import (
+    BEST_NAME,
+    CHECKPOINT_DIR,
+    CSV_NAME,
+    LAST_NAME,
+    METRICS_NAME,
+    STATE_FORMAT,
+    TENSORBOARD_DIR,
+    load_checkpoint,
+    nan_if_none,
+    read_state,
+    write_json_atomic,
+)
+from chexnet_utils.training.dataparallel import (
+    LR_SCALINGS,
+    gradient_averager,
+    init_world,
+    scaled_learning_rate,
+    weights_checksum,
+)
+from chexnet_utils.training.splits import (
     eval_dataset,
     loss_value,
     predict_split,
     split_counts,
     training_label_sums,
 )
-
-__all__ = [
-    "BEST_NAME",
-    "CHECKPOINT_DIR",
-    "CSV_NAME",
-    "LAST_NAME",
-    "LR_SCALINGS",
-    "METRICS_NAME",
-    "STATE_FORMAT",
-    "STATE_NAME",
-    "TENSORBOARD_DIR",
-    "TrainConfig",
-    "TrainResult",
-    "broadcast_initial_state",
-    "gradient_averager",
-    "init_world",
-    "load_checkpoint",
-    "predict_split",
-    "read_csv_log",
-    "scaled_learning_rate",
-    "train",
-    "train_on_engine",
-    "training_label_sums",
-    "weights_checksum",
-]
 
 PIPELINES = ("new", "old")
 
@@ -413,7 +385,7 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     cbs: list[Any] = [C["Broadcast"](cfg.distributed), timer]
     agreement = None
     if cfg.distributed:
-        from chexnet_utils.horovod_keras import rank_agreement_callback
+        from chexnet_utils.training.horovod_keras import rank_agreement_callback
 
         # the ranks must hold the same weights before anything acts on this epoch
         agreement = rank_agreement_callback(after_steps=2)

@@ -3,14 +3,14 @@
 * :func:`run_probe`: Horovod across nodeA / nodeB (``mpirun`` with the namespace launch
   agent, or ``horovodrun --gloo``): every rank reads its veth's byte counters around
   ``count_iters`` allreduces of ``count_bytes`` (did the traffic cross the link, and how
-  much?) and times an allreduce sweep (:func:`chexnet_utils.collectives.allreduce_times`).
+  much?) and times an allreduce sweep (:func:`chexnet_utils.comm.collectives.allreduce_times`).
 * :func:`tcp_throughput`: the link's raw TCP throughput, a plain socket transfer from
   nodeA to nodeB, timed by the receiver.
 * :func:`bench_link`: all of it unshaped and with the link shaped by ``tbf`` (default
-  1 Gbit/s), the alpha-beta fit of :mod:`chexnet_utils.costmodel` on each, the model's
+  1 Gbit/s), the alpha-beta fit of :mod:`chexnet_utils.comm.costmodel` on each, the model's
   prediction error on the shaped link, bus bandwidth as a fraction of raw TCP, and
   ``HOROVOD_HIERARCHICAL_ALLREDUCE=1`` with two ranks per node (MPI and Gloo).
-  :func:`format_link` prints it (``python -m chexnet_utils bench link``).
+  ``python -m chexnet_utils bench link`` prints them as text tables.
 
 Expected link traffic of one ring allreduce of ``S`` bytes over ``N`` ranks: every rank
 sends ``2 (N - 1) / N * S``; with two nodes of one rank each that is ``S`` per direction
@@ -24,7 +24,7 @@ ranks: the same bytes cross the link with the flag on and off (Gloo's flat ring:
 tensor; Open MPI's own choice for 4 ranks happens to send 1 x, what a hierarchical scheme
 would).
 
-``python -m chexnet_utils.linkbench probe|tcp-recv|tcp-send ...`` are the programs run
+``python -m chexnet_utils.bench.link probe|tcp-recv|tcp-send ...`` are the programs run
 inside the namespaces (not meant to be called by hand).
 """
 
@@ -45,8 +45,8 @@ import numpy as np
 
 from chexnet_utils.cluster.distributed import json_objects
 from chexnet_utils.cluster.netns import TwoNodes, tbf_command, two_nodes, unavailable_reason
-from chexnet_utils.collectives import KIB, MIB, format_bytes, message_sizes
-from chexnet_utils.costmodel import busbw, fit_alpha_beta, predict_ring
+from chexnet_utils.comm.collectives import KIB, MIB, format_bytes, message_sizes
+from chexnet_utils.comm.costmodel import busbw, fit_alpha_beta, predict_ring
 
 TCP_PORT = 5201
 """Port of the raw TCP transfer (inside the private namespaces: no collision possible)."""
@@ -119,7 +119,12 @@ def _read_counters(iface: str) -> tuple[int, int]:
 
 def _probe(args: argparse.Namespace) -> int:
     """One rank: counters around ``count_iters`` allreduces, then a timed sweep."""
-    from chexnet_utils.collectives import allreduce_times, barrier, init_horovod, quiet_tensorflow
+    from chexnet_utils.comm.collectives import (
+        allreduce_times,
+        barrier,
+        init_horovod,
+        quiet_tensorflow,
+    )
 
     quiet_tensorflow()
     import tensorflow as tf
@@ -218,7 +223,7 @@ def _tcp_send(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``probe`` / ``tcp-recv`` / ``tcp-send``: the programs of this module's launchers."""
-    p = argparse.ArgumentParser(prog="python -m chexnet_utils.linkbench")
+    p = argparse.ArgumentParser(prog="python -m chexnet_utils.bench.link")
     sub = p.add_subparsers(dest="cmd", required=True)
     pr = sub.add_parser("probe")
     pr.add_argument("--sizes", default="")
@@ -250,7 +255,7 @@ def run_probe(nodes: TwoNodes, launcher: str = "mpirun", sizes: Sequence[int] = 
 
     Each rank's result: ``tx_bytes`` / ``rx_bytes`` of its node's veth over
     ``count_iters`` allreduces of ``count_bytes`` (``sum_ok``: the result was right),
-    ``sweep`` (:func:`~chexnet_utils.collectives.allreduce_times` of ``sizes``) and, with
+    ``sweep`` (:func:`~chexnet_utils.comm.collectives.allreduce_times` of ``sizes``) and, with
     ``shape_rate`` (bits/s), ``shaped_sweep``: the same after the ranks shaped the link
     with ``tbf`` (removed again before the probe ends).
 
@@ -258,7 +263,7 @@ def run_probe(nodes: TwoNodes, launcher: str = "mpirun", sizes: Sequence[int] = 
     the launch agent; ``"gloo"``: ``horovodrun --gloo``). ``env`` is set for the launcher and
     forwarded to the ranks.
     """
-    argv = ["python", "-m", "chexnet_utils.linkbench", "probe",
+    argv = ["python", "-m", "chexnet_utils.bench.link", "probe",
             "--sizes", ",".join(str(int(s)) for s in sizes), "--repeats", str(repeats),
             "--count-bytes", str(int(count_bytes)), "--count-iters", str(count_iters),
             "--shape-rate", str(float(shape_rate))]
@@ -290,7 +295,7 @@ def tcp_throughput(nodes: TwoNodes, nbytes: int = 256 * MIB, timeout: float = 12
     ``seconds`` and ``bytes_per_s``. Both ends are plain Python (a 4 MiB buffer each way),
     the same interpreter that runs the ranks.
     """
-    prog = [sys.executable, "-m", "chexnet_utils.linkbench"]
+    prog = [sys.executable, "-m", "chexnet_utils.bench.link"]
     recv = subprocess.Popen(nodes.exec_argv(1, [*prog, "tcp-recv", "--host", nodes.ips[1],
                                                 "--bytes", str(nbytes)]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -310,7 +315,7 @@ def tcp_throughput(nodes: TwoNodes, nbytes: int = 256 * MIB, timeout: float = 12
 
 
 def sweep_summary(sweep: dict[str, Any], tcp_bps: float) -> dict[str, Any]:
-    """Alpha-beta fit (ring, :func:`~chexnet_utils.costmodel.fit_alpha_beta`) and bus
+    """Alpha-beta fit (ring, :func:`~chexnet_utils.comm.costmodel.fit_alpha_beta`) and bus
     bandwidth of one allreduce sweep (times of the slowest rank), with the largest size's
     bus bandwidth as a fraction of the raw TCP throughput ``tcp_bps`` (bytes/s)."""
     sizes, times = sweep["sizes_bytes"], sweep["times_s"]
@@ -452,7 +457,7 @@ def _hierarchical(nodes: TwoNodes, launchers: Sequence[str], cfg: dict[str, Any]
 
 def link_tables(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """The results of :func:`bench_link` as table rows, keyed by caption (for
-    :func:`chexnet_utils.notebook.tables.table` in a notebook, or :func:`format_link`)."""
+    :func:`chexnet_utils.notebook.tables.table` in a notebook, or ``bench link``'s text)."""
     gbit = 8 / 1e9
     rate = f"tbf {result['rate_bit'] / 1e9:g} Gbit/s"
     rows = []
@@ -512,16 +517,6 @@ def loopback_comparison(result: dict[str, Any],
         rows += [row(where, name, result[link][name]["alpha_s"],
                      result[link][name]["beta_s_per_byte"]) for name in result["launchers"]]
     return rows
-
-
-def format_link(result: dict[str, Any]) -> str:
-    """The results as text tables (for the command line)."""
-    from chexnet_utils.notebook.tables import markdown_table
-
-    lines = [f"preset {result['preset']}, {result['wall_s']:.0f} s"]
-    for caption, rows in link_tables(result).items():
-        lines += ["", caption, markdown_table(rows, floatfmt=".3g")]
-    return "\n".join(lines)
 
 
 def link_unavailable() -> str | None:

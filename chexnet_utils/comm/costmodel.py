@@ -7,7 +7,7 @@ Sending ``m`` bytes costs ``alpha + m * beta``: ``alpha`` is the latency of one 
     PS:    t = 2 alpha         + 2 N * size * beta        (server link bound)
 
 :func:`fit_alpha_beta` recovers ``alpha, beta`` from the times measured by
-:mod:`chexnet_utils.collectives` by least squares, :func:`predict_ring` / :func:`predict_ps`
+:mod:`chexnet_utils.comm.collectives` by least squares, :func:`predict_ring` / :func:`predict_ps`
 extrapolate to many workers, and :func:`scaling_efficiency_prediction` turns that into the
 scaling efficiency ``compute / (compute + exposed communication)``
 (:func:`predict_efficiencies`: both algorithms for several models and worker counts at once).

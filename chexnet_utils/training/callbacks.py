@@ -17,7 +17,7 @@ module does not import Keras):
 ``PlateauLR``
     ``ReduceLROnPlateau`` whose counters survive a resume.
 ``Checkpointer``
-    Best and last checkpoints and ``state.json`` (:mod:`chexnet_utils.checkpoints`).
+    Best and last checkpoints and ``state.json`` (:mod:`chexnet_utils.training.checkpoints`).
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chexnet_utils.checkpoints import (
+from chexnet_utils.model.models import mean_auroc, per_class_auroc
+from chexnet_utils.platform.atomic import json_safe
+from chexnet_utils.training.checkpoints import (
     BEST_NAME,
     LAST_NAME,
     discard_uncommitted,
     write_checkpoint,
 )
-from chexnet_utils.dataparallel import allreduce_mean, broadcast_initial_state
-from chexnet_utils.model.models import mean_auroc, per_class_auroc
-from chexnet_utils.platform.atomic import json_safe
-from chexnet_utils.train_data import loss_value, predict_split
+from chexnet_utils.training.dataparallel import allreduce_mean, broadcast_initial_state
+from chexnet_utils.training.splits import loss_value, predict_split
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -123,7 +123,7 @@ def callback_classes() -> dict[str, type]:  # noqa: C901 (issue 28 item 3: Keras
     class Checkpointer(keras.callbacks.Callback):
         """At every epoch end: track the best ``val_mean_auroc``; on rank 0 write
         ``best.weights.h5`` when it improved, then ``last.keras`` and ``state.json``, as one
-        consistent set (:func:`~chexnet_utils.checkpoints.write_checkpoint`)."""
+        consistent set (:func:`~chexnet_utils.training.checkpoints.write_checkpoint`)."""
 
         def __init__(self, ckpt_dir: Path, write: bool, state: dict[str, Any],
                      plateau: PlateauLR, monitor: str | None) -> None:

@@ -246,7 +246,7 @@ def keras_optimizer_digests(steps: int = 4, batch_size: int = 8, image_size: int
 def enqueue_spread(events: Sequence[Any], n_tensors: int) -> list[float]:
     """Per training step, milliseconds from the first gradient to the last one reaching
     Horovod (start of ``NEGOTIATE_ALLREDUCE`` in a timeline from
-    :func:`chexnet_utils.hvd_timeline.parse_timeline`).
+    :func:`chexnet_utils.comm.timeline.parse_timeline`).
 
     ``n_tensors`` is the number of gradients per step. Step ``k`` is the ``k``-th
     negotiation of each gradient tensor (tensors seen a different number of times, such as
@@ -288,7 +288,7 @@ def allreduce_enqueue_spread(mode: str, path: str, steps: int = 4, image_size: i
     import horovod.tensorflow as hvd
     import keras
 
-    from chexnet_utils.hvd_timeline import parse_timeline, record_timeline, wait_for_timeline
+    from chexnet_utils.comm.timeline import parse_timeline, record_timeline, wait_for_timeline
     from chexnet_utils.model.models import build_chexnet
 
     if mode not in AVERAGERS:

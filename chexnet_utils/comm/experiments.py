@@ -1,6 +1,6 @@
 """Notebooks 05 and 06's experiments that are not a collective themselves: the glue around them.
 
-The collectives and step timers live in :mod:`chexnet_utils.collectives` and
+The collectives and step timers live in :mod:`chexnet_utils.comm.collectives` and
 :mod:`chexnet_utils.bench.steptimer`; this module holds what notebooks 05 and 06 run *around* them,
 so the notebook shows the calls and not the bookkeeping:
 
@@ -16,18 +16,18 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from chexnet_utils.collectives import allreduce_burst_times
+from chexnet_utils.comm.collectives import allreduce_burst_times
 
 
 def ps_and_ring_once() -> dict[str, Any]:
     """On every engine at once: average ``x = [0, 1, ..., 5] x (rank + 1)`` with
-    :func:`chexnet_utils.collectives.ps_average` (gather to rank 0, average, broadcast) and
+    :func:`chexnet_utils.comm.collectives.ps_average` (gather to rank 0, average, broadcast) and
     with ``hvd.allreduce(x, op=hvd.Average)``; both must give the same mean."""
     import horovod.tensorflow as hvd
     import numpy as np
     import tensorflow as tf
 
-    from chexnet_utils.collectives import ps_average
+    from chexnet_utils.comm.collectives import ps_average
 
     hvd.init()
     x = tf.constant(np.arange(6, dtype=np.float32) * (hvd.rank() + 1))
@@ -38,7 +38,7 @@ def ps_and_ring_once() -> dict[str, Any]:
 
 def run_bursts(cluster: Any, bursts: Mapping[str, Sequence[int]], repeats: int,
                timeout: float = 600.0) -> dict[str, dict[str, Any]]:
-    """Rank 0's :func:`~chexnet_utils.collectives.allreduce_burst_times` for every burst of
+    """Rank 0's :func:`~chexnet_utils.comm.collectives.allreduce_burst_times` for every burst of
     ``bursts`` (name -> elements of each tensor), run on ``cluster`` (an
     :class:`~chexnet_utils.cluster.distributed.MPICluster`) one burst after the other."""
     return {name: cluster.run(allreduce_burst_times, list(elems), repeats, timeout=timeout,

@@ -10,7 +10,7 @@ step that training takes. Which of the six Horovod changes each one is:
 * :func:`scaled_learning_rate` - the learning rate raised with the number of workers
   (change 3; ``linear`` with a warm-up, as Horovod's examples and docs do; ``sqrt`` as an option);
 * :func:`gradient_averager` - the ``grads -> grads`` allreduce plugged into the model's
-  ``train_step`` (change 4; the variants are in :mod:`chexnet_utils.horovod_keras`);
+  ``train_step`` (change 4; the variants are in :mod:`chexnet_utils.training.horovod_keras`);
 * :func:`broadcast_initial_state` - rank 0's model and optimizer variables to all (change 5);
 * :func:`allreduce_mean` - numbers (epoch metrics) averaged across workers;
 * :func:`weights_checksum` - a digest of the weights, equal on every rank of a healthy job.
@@ -64,11 +64,11 @@ def gradient_averager(distributed: bool = False, mode: str = "per_tensor"
     Distributed: every worker's gradients are averaged (ring-allreduce over MPI/Gloo on CPU,
     NCCL on GPUs). ``mode="per_tensor"`` (default): one ``hvd.allreduce`` per gradient, so
     communication overlaps the backward pass; ``"grouped"``: one ``hvd.grouped_allreduce``
-    after it (see :mod:`chexnet_utils.horovod_keras`).
+    after it (see :mod:`chexnet_utils.training.horovod_keras`).
     """
     if not distributed:
         return None
-    from chexnet_utils.horovod_keras import AVERAGERS
+    from chexnet_utils.training.horovod_keras import AVERAGERS
 
     if mode not in AVERAGERS:
         raise ValueError(f"mode must be one of {', '.join(AVERAGERS)}, got {mode!r}")
@@ -112,7 +112,7 @@ def weights_checksum(model: keras.Model, trainable_only: bool = True) -> str:
     batches, so they differ slightly between workers (rank 0's are the ones saved;
     ``hvd.SyncBatchNormalization`` would average them too).
     """
-    from chexnet_utils.horovod_keras import weights_sha256
+    from chexnet_utils.training.horovod_keras import weights_sha256
 
     return weights_sha256(model.trainable_weights if trainable_only else model.weights)
 

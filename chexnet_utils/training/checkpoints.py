@@ -13,7 +13,7 @@
 :func:`read_state` only its ``state.json``; :func:`write_json_atomic` writes strict JSON
 (NaN as ``null``: :func:`json_safe`) crash-safely, :func:`write_checkpoint` the three
 checkpoint files as one consistent set. Writing the checkpoints at every epoch end is the
-``Checkpointer`` callback of :mod:`chexnet_utils.train_callbacks`.
+``Checkpointer`` callback of :mod:`chexnet_utils.training.callbacks`.
 """
 
 from __future__ import annotations

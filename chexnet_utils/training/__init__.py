@@ -1,0 +1,58 @@
+"""Training CheXNet: one :func:`train` for the CLI, Horovod, Slurm and the tests (notebooks 03-04).
+
+``from chexnet_utils import training`` then ``training.train(training.TrainConfig(...))``: the
+names notebooks, the CLI and the tests use, re-exported from one module per concern:
+
+- :mod:`~chexnet_utils.training.loop`: :class:`TrainConfig`, :class:`TrainResult`,
+  :func:`train` (what one call does, step by step, and Horovod's six changes: its docstring)
+  and :func:`train_on_engine` (the same on an ipyparallel MPI engine);
+- :mod:`~chexnet_utils.training.dataparallel`: the data-parallel seams (``init_world``,
+  ``gradient_averager``, ``broadcast_initial_state``, ``scaled_learning_rate``,
+  ``weights_checksum``);
+- :mod:`~chexnet_utils.training.callbacks`: the Keras callbacks of a run (warm-up, metric
+  average, validation AUROC, checkpoints);
+- :mod:`~chexnet_utils.training.checkpoints`: the files of ``out_dir`` (checkpoints, state,
+  CSV log, ``metrics.json``), written crash-safe and read back for ``resume``;
+- :mod:`~chexnet_utils.training.splits`: the manifest's counts and label sums, a split as an
+  evaluation dataset, its predictions and loss;
+- :mod:`~chexnet_utils.training.horovod_keras`: Horovod on Keras 3, the ways to average
+  gradients and the documented one that does not, ranks compared by weight digests;
+- :mod:`~chexnet_utils.training.run_configs`: notebook 04's and 08's runs per scale preset.
+
+No module here imports TensorFlow at import time (``import chexnet_utils.training`` is cheap);
+Keras is imported inside the functions that build or fit a model.
+"""
+
+from __future__ import annotations
+
+from chexnet_utils.training.checkpoints import (
+    BEST_NAME,
+    CHECKPOINT_DIR,
+    CSV_NAME,
+    LAST_NAME,
+    METRICS_NAME,
+    STATE_FORMAT,
+    STATE_NAME,
+    TENSORBOARD_DIR,
+    load_checkpoint,
+    read_csv_log,
+)
+from chexnet_utils.training.dataparallel import (
+    LR_SCALINGS,
+    broadcast_initial_state,
+    gradient_averager,
+    init_world,
+    scaled_learning_rate,
+    weights_checksum,
+)
+from chexnet_utils.training.loop import PIPELINES, TrainConfig, TrainResult, train, train_on_engine
+from chexnet_utils.training.splits import predict_split, training_label_sums
+
+__all__ = [
+    "BEST_NAME", "CHECKPOINT_DIR", "CSV_NAME", "LAST_NAME", "METRICS_NAME", "STATE_FORMAT",
+    "STATE_NAME", "TENSORBOARD_DIR", "load_checkpoint", "read_csv_log",
+    "LR_SCALINGS", "broadcast_initial_state", "gradient_averager", "init_world",
+    "scaled_learning_rate", "weights_checksum",
+    "PIPELINES", "TrainConfig", "TrainResult", "train", "train_on_engine",
+    "predict_split", "training_label_sums",
+]
