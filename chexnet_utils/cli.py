@@ -20,18 +20,61 @@ Commands
                ``bench link`` Horovod across two network namespaces (root; exit 3
                otherwise)
 ``train``      train CheXNet (or the small CPU model) on converted TFRecords; writes
-               checkpoints, logs and metrics.json, prints the test mean AUROC
+               checkpoints, logs and metrics.json, prints the test mean AUROC (its options
+               take their types, defaults and choices from ``TrainConfig``)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
-from collections.abc import Callable, Sequence
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from chexnet_utils.platform.checks import literal_choices
+from chexnet_utils.training import TrainConfig
 
 Handler = Callable[[argparse.Namespace], int]
+
+class Option(typing.NamedTuple):
+    """A dataclass field's command-line option: its flag, help and placeholder."""
+
+    flag: str
+    help: str
+    metavar: str | None = None
+
+
+TRAIN_OPTIONS: dict[str, Option] = {
+    "tfrecords": Option("--tfrecords", "converted folder", "DIR"),
+    "arch": Option("--arch", "densenet121 (CheXNet), resnet50, or small (a CPU-sized CNN)"),
+    "epochs": Option("--epochs", "total epochs (a resumed run continues up to N)", "N"),
+    "out_dir": Option("--out", "output folder: checkpoints/, log.csv, tensorboard/, "
+                               "metrics.json", "DIR"),
+    "image_size": Option("--image-size", "model input side; CheXNet: 224", "PX"),
+    "batch_size": Option("--batch-size", "per worker; CheXNet: 16", "N"),
+    "learning_rate": Option("--lr", "Adam learning rate", "LR"),
+    "pipeline": Option("--pipeline", "training input pipeline"),
+    "resume": Option("--resume", "continue from the last checkpoint in --out (if there is one)"),
+    "steps_per_epoch": Option("--steps-per-epoch", "default: train images // batch size", "N"),
+    "seed": Option("--seed", "seeds Python, numpy, TensorFlow and the shuffles"),
+    "weights": Option("--weights", "initial weights: ImageNet '*_notop.h5' of keras-"
+                                   "applications (copied from a machine with internet) or a "
+                                   "'.weights.h5' file", "FILE"),
+    "distributed": Option("--horovod", "one Horovod worker of many: run under mpirun -np N "
+                                       "/ horovodrun -np N"),
+}
+"""The ``train`` command's options: a :class:`~chexnet_utils.training.TrainConfig` field ->
+its flag and help. Type, default and choices come from the field (see
+:func:`add_config_options`); ``--quiet`` (``verbose=0``) is the one option added by hand."""
+
+TRAIN_REQUIRED = ("arch", "epochs")
+"""Fields the command asks for although ``TrainConfig`` has defaults: a training run says
+what it trains and for how long."""
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
@@ -179,14 +222,10 @@ def _cmd_bench_conversion(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from chexnet_utils.training import TrainConfig, train
+    from chexnet_utils.training import train
 
-    cfg = TrainConfig(tfrecords=args.tfrecords, out_dir=args.out, arch=args.arch,
-                      image_size=args.image_size, batch_size=args.batch_size,
-                      epochs=args.epochs, learning_rate=args.lr, pipeline=args.pipeline,
-                      seed=args.seed, resume=args.resume, steps_per_epoch=args.steps_per_epoch,
-                      weights=str(args.weights) if args.weights else None,
-                      verbose=0 if args.quiet else 2, distributed=args.horovod)
+    cfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_OPTIONS},
+                      verbose=0 if args.quiet else 2)
     result = train(cfg)
     if result.rank != 0:
         return 0  # under Horovod only rank 0 reports
@@ -303,6 +342,19 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    _add_data_commands(sub)
+    p = sub.add_parser("bench", help="measurements: bench pipelines | service | conversion | "
+                                     "scaling | gpu-node | link")
+    bench = p.add_subparsers(dest="bench_command", required=True)
+    _add_input_benchmarks(bench)
+    _add_cluster_benchmarks(bench)
+    _add_train_command(sub)
+    return parser
+
+
+def _add_data_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The data and tooling commands: synth, envcheck, data, tutorial, nbclean, whoami,
+    tfrecords, verify."""
     p = sub.add_parser("synth", help="write a synthetic NIH-format data set")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--n", type=int, default=600, help="number of images (default 600)")
@@ -375,9 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="store_true", help="also decode every stored image")
     p.set_defaults(handler=_cmd_verify)
 
-    p = sub.add_parser("bench", help="measurements: bench pipelines | service | conversion | "
-                                     "scaling | gpu-node | link")
-    bench = p.add_subparsers(dest="bench_command", required=True)
+
+def _add_input_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``bench pipelines``, ``bench service`` and ``bench conversion``: one machine's input."""
     b = bench.add_parser("pipelines", help="old vs new input pipeline on converted TFRecords")
     b.add_argument("--tfrecords", type=Path, required=True, help="converted folder")
     b.add_argument("--json", type=Path, required=True, help="write the results here")
@@ -418,6 +470,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(handler=_cmd_bench_conversion)
 
+
+def _add_cluster_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``bench scaling``, ``bench gpu-node`` and ``bench link``: many workers."""
     b = bench.add_parser("scaling", help="Horovod images/s on 1..N MPI engines, old vs new")
     b.add_argument("--workers", default="1,2", help="comma list of worker counts (default 1,2)")
     b.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -479,33 +534,50 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the 2-ranks-per-node HOROVOD_HIERARCHICAL_ALLREDUCE runs")
     b.set_defaults(handler=_cmd_bench_link)
 
+
+def _add_train_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``train``: its options from :data:`TRAIN_OPTIONS` and ``TrainConfig``, and ``--quiet``."""
     p = sub.add_parser("train", help="train CheXNet on converted TFRecords, write metrics.json")
-    p.add_argument("--tfrecords", type=Path, required=True, help="converted folder")
-    p.add_argument("--arch", required=True, choices=("densenet121", "resnet50", "small"),
-                   help="densenet121 (CheXNet), resnet50, or small (a CPU-sized CNN)")
-    p.add_argument("--epochs", type=int, required=True, metavar="N",
-                   help="total epochs (a resumed run continues up to N)")
-    p.add_argument("--out", type=Path, required=True,
-                   help="output folder: checkpoints/, log.csv, tensorboard/, metrics.json")
-    p.add_argument("--image-size", type=int, default=128, metavar="PX",
-                   help="model input side (default 128; CheXNet: 224)")
-    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="default 16")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    p.add_argument("--pipeline", choices=("new", "old"), default="new",
-                   help="training input pipeline (default new)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the last checkpoint in --out (if there is one)")
-    p.add_argument("--steps-per-epoch", type=int, default=None, metavar="N",
-                   help="default: train images // batch size")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--weights", type=Path, default=None, metavar="FILE",
-                   help="initial weights: ImageNet '*_notop.h5' of keras-applications (copied "
-                        "from a machine with internet) or a '.weights.h5' file")
+    add_config_options(p, TrainConfig, TRAIN_OPTIONS, required=TRAIN_REQUIRED)
     p.add_argument("--quiet", action="store_true", help="no per-epoch progress lines")
-    p.add_argument("--horovod", action="store_true",
-                   help="one Horovod worker of many: run under mpirun -np N / horovodrun -np N")
     p.set_defaults(handler=_cmd_train)
-    return parser
+
+
+def _option_type(hint: Any) -> Callable[[str], Any]:
+    """What parses a command-line value of a field typed ``hint``: ``Path`` for paths,
+    the values' type for a ``Literal``, the non-``None`` member of an optional type."""
+    if typing.get_origin(hint) is typing.Literal:
+        return type(typing.get_args(hint)[0])
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(hint) if a is not type(None)]
+        return Path if Path in members else _option_type(members[0])
+    return typing.cast(Callable[[str], Any], hint)
+
+
+def add_config_options(parser: argparse.ArgumentParser, cls: type,
+                       options: Mapping[str, Option],
+                       required: Sequence[str] = ()) -> None:
+    """Add an option per field of dataclass ``cls`` named in ``options`` (field -> flag,
+    help, placeholder), in that order: ``dest`` the field; type, default and choices
+    (``Literal`` fields) from the field, so the command line cannot drift from the dataclass;
+    a field without a default, or in ``required``, is required; a ``bool`` field (default
+    ``False``) is a switch."""
+    hints = typing.get_type_hints(cls)
+    choices = literal_choices(cls)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    for name, (flag, help_text, metavar) in options.items():
+        default = defaults[name]
+        if hints[name] is bool:
+            if default is not False:
+                raise ValueError(f"{cls.__name__}.{name}: a switch needs the default False")
+            parser.add_argument(flag, dest=name, action="store_true", help=help_text)
+            continue
+        needed = default is dataclasses.MISSING or name in required
+        shown = "" if needed or default is None else f" (default {default})"
+        parser.add_argument(flag, dest=name, type=_option_type(hints[name]),
+                            required=needed, choices=choices.get(name), metavar=metavar,
+                            default=None if default is dataclasses.MISSING else default,
+                            help=help_text + shown)
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -517,7 +589,9 @@ def _check_outputs(args: argparse.Namespace) -> None:
     json_path = getattr(args, "json", None)
     if isinstance(json_path, Path):
         require_writable_dir(json_path.parent)
-    if args.command in ("train", "tutorial"):
+    if args.command == "train":
+        require_writable_dir(args.out_dir)  # --out, TrainConfig.out_dir
+    if args.command == "tutorial":
         require_writable_dir(args.out)
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.comm.collectives import barrier
-from chexnet_utils.model.models import FULL_SIZE_ARCHITECTURES
+from chexnet_utils.model.architectures import FULL_SIZE_ARCHITECTURES
 from chexnet_utils.platform.timing import barrier_windows
 
 ARTICLE_GPU_COUNTS = (1, 2, 3, 4, 8)

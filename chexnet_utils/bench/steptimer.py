@@ -30,6 +30,7 @@ from chexnet_utils.comm.collectives import (
 )
 from chexnet_utils.comm.timeline import record_timeline
 from chexnet_utils.platform.timing import barrier_windows
+from chexnet_utils.training.dataparallel import weights_sha256
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,6 @@ def _synthetic_batch(c: StepConfig, rank: int) -> tuple[Any, Any]:
     x = rng.standard_normal((c.batch_size, c.image_size, c.image_size, 3), dtype=np.float32)
     y = (rng.random((c.batch_size, NUM_CLASSES)) < 0.2).astype(np.float32)
     return tf.constant(x), tf.constant(y)
-
-
-def _weights_checksum(model: Any) -> float:
-    return float(sum(np.abs(v.numpy()).astype(np.float64).sum()
-                     for v in model.trainable_variables))
 
 
 def _snapshot(model: Any) -> list[np.ndarray]:
@@ -182,7 +178,8 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
         return loss
 
     runs = _timed_runs(step, lambda: barrier(hvd), c, finish=lambda loss: loss.numpy())
-    checks = {"weights_checksum": _weights_checksum(model),
+    trained = [v.numpy() for v in model.trainable_variables]
+    checks = {"weights_checksum": weights_sha256(trained),
               "update_norm": _update_norm(model, initial)}
     recorded = None
     if timeline_path:
@@ -352,7 +349,7 @@ def mwms_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
                        finish=lambda loss: strategy.experimental_local_results(loss)[0].numpy())
     return {"backend": "mwms", "rank": rank, "size": n, **_throughput(runs, c, n),
             "params": int(model.count_params()),
-            "weights_checksum": _weights_checksum(model),
+            "weights_checksum": weights_sha256([v.numpy() for v in model.trainable_variables]),
             "update_norm": _update_norm(model, initial), "config": asdict(c)}
 
 

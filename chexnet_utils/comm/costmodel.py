@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from chexnet_utils.model.models import FULL_SIZE_ARCHITECTURES
+from chexnet_utils.model.architectures import FULL_SIZE_ARCHITECTURES
 from chexnet_utils.platform.atomic import write_text_atomic
 
 REPORTED_HOROVOD_2018: dict[str, dict[str, float]] = {

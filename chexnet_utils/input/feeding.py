@@ -19,8 +19,9 @@ enough:
   :func:`list_files_shard_overlap` counts that; the fix is ``shuffle=False`` (or one seed
   shared by all workers) before ``shard``, and shuffling after it.
 * **tf.data.Options**: :func:`with_options` (autotune RAM budget, private thread pool).
-* **Keras 3's own loader**: :class:`DecodePyDataset`, the same decode in a
-  ``keras.utils.PyDataset`` with ``workers`` / ``use_multiprocessing``.
+* **Keras 3's own loader**: :class:`chexnet_utils.input.pydataset.DecodePyDataset`, the same
+  decode in a ``keras.utils.PyDataset`` with ``workers`` / ``use_multiprocessing`` (a module
+  of its own: it imports Keras).
 """
 
 from __future__ import annotations
@@ -30,21 +31,17 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from chexnet_utils.input.pipelines import AUTOTUNE, Files, example_fn
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = [
-    "DecodePyDataset",
     "cache_bytes",
     "cached_pipeline",
     "epoch_seconds",
     "list_files_pipeline",
     "list_files_shard_overlap",
-    "pydataset_rate",
     "sleeping_step",
     "with_options",
 ]
@@ -189,93 +186,6 @@ def with_options(dataset: tf.data.Dataset, ram_budget_mb: int | None = None,
     if autotune is not None:
         opts.autotune.enabled = autotune
     return dataset.with_options(opts)
-
-
-def _load_records(files: Files) -> tuple[list[bytes], np.ndarray]:
-    from chexnet_utils.data.tfrecords import read_examples
-
-    blobs, labels = [], []
-    for f in files:
-        for ex in read_examples(f):
-            blobs.append(ex["image_bytes"])
-            labels.append(ex["label"])
-    return blobs, np.asarray(labels, np.float32)
-
-
-def _decode_numpy(blob: bytes, image_size: int) -> np.ndarray:
-    """PIL decode + bilinear resize + ImageNet normalisation (as :func:`~chexnet_utils.
-    pipelines.preprocess` without the flip)."""
-    import io
-
-    from PIL import Image
-
-    from chexnet_utils.input.pipelines import IMAGENET_MEAN, IMAGENET_STD
-
-    im = Image.open(io.BytesIO(blob)).convert("L").resize((image_size, image_size),
-                                                          Image.Resampling.BILINEAR)
-    x = np.asarray(im, np.float32)[..., None] / 255.0
-    return (x - np.asarray(IMAGENET_MEAN, np.float32)) / np.asarray(IMAGENET_STD, np.float32)
-
-
-def DecodePyDataset(files: Files, batch_size: int, image_size: int, workers: int = 1,  # noqa: N802
-                    use_multiprocessing: bool = False, max_queue_size: int = 10) -> Any:
-    """A ``keras.utils.PyDataset`` that decodes the same records in Python (PIL + NumPy).
-
-    The encoded records are read into memory once; ``__getitem__`` decodes one batch.
-    ``workers`` threads (or processes with ``use_multiprocessing=True``) call it in
-    parallel; the decoded batches come back through a queue (pickled between processes).
-    Keras 3's successor of the ``workers=`` / ``use_multiprocessing=`` of ``fit``.
-    """
-    import keras
-
-    blobs, labels = _load_records(files)
-
-    class _Decode(keras.utils.PyDataset):
-        def __len__(self) -> int:
-            return len(blobs) // batch_size
-
-        def __getitem__(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
-            sl = slice(idx * batch_size, (idx + 1) * batch_size)
-            return (np.stack([_decode_numpy(b, image_size) for b in blobs[sl]]),
-                    labels[sl])
-
-    return _Decode(workers=workers, use_multiprocessing=use_multiprocessing,
-                   max_queue_size=max_queue_size)
-
-
-def pydataset_rate(dataset: Any, n_batches: int | None = None) -> dict[str, float]:
-    """Images/s and CPU use (process + children CPU seconds per wall second) of one pass
-    of a ``PyDataset`` (through Keras' own enqueuer, as ``fit`` uses it)."""
-    import psutil
-    from keras.src.trainers.data_adapters import get_data_adapter
-
-    adapter = get_data_adapter(dataset)
-    me = psutil.Process()
-
-    seen: dict[int, float] = {}  # last CPU seconds of each child (pool workers may exit)
-
-    def cpu() -> float:
-        own = time.process_time()  # this process's threads, ns resolution (cpu_times: ticks)
-        for c in me.children(recursive=True):
-            try:
-                ct = c.cpu_times()
-                seen[c.pid] = ct.user + ct.system
-            except psutil.Error:
-                pass
-        return own + sum(seen.values())
-
-    c0, t0, n = cpu(), time.perf_counter(), 0
-    for i, (x, _y) in enumerate(adapter.get_numpy_iterator()):
-        n += len(x)
-        cpu()  # sample the children while they run
-        if n_batches is not None and i + 1 >= n_batches:
-            break
-    wall = time.perf_counter() - t0
-    used = cpu() - c0
-    adapter.on_epoch_end()
-    return {"img_per_s": n / wall, "cpu_cores_used": used / wall, "images": n,
-            "seconds": wall}
-
 
 
 def sleeping_step(seconds: float) -> Callable[[Any], None]:

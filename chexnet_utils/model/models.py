@@ -1,11 +1,12 @@
-"""CheXNet and its smaller siblings, a class-weighted loss, and AUROC.
+"""CheXNet and its smaller siblings and a class-weighted loss, as Keras objects.
 
 What is here
 ------------
 * :func:`build_chexnet` - DenseNet-121 (the paper's model), ResNet-50 (which the source
   articles found to scale out better) or ``small`` (a CPU-sized CNN for CI and laptops), each
   ending in ``Dense(14, sigmoid)`` named ``"predictions"``. Built without downloading anything;
-  ImageNet weights come from a local file (see :func:`build_chexnet`).
+  ImageNet weights come from a local file (see :func:`build_chexnet`; the names and weight files
+  are :mod:`chexnet_utils.model.architectures`').
 * :class:`ChexNet` - the ``keras.Model`` class every one of them is. Its ``train_step`` is
   Keras' own with one seam: the gradients pass through :attr:`ChexNet.gradient_reducer`
   (identity by default) before the optimizer applies them. Data-parallel training plugs the
@@ -18,97 +19,43 @@ What is here
   cross-entropy against class imbalance: the weighting the CheXNet paper defines for its
   binary pneumonia model (arXiv:1711.05225v3 §2.1) applied to each of the 14 classes. (The
   paper's 14-class model optimises "the sum of unweighted binary cross entropy losses", §5.)
-* :func:`per_class_auroc`, :func:`mean_auroc` (exact: the Mann-Whitney statistic, the number
-  scikit-learn's ``roc_auc_score`` gives, with NaN for a class lacking positives or
-  negatives), :func:`roc_curve` (the points whose area they are) and :class:`MeanAUROC` (Keras'
-  thresholded estimate, for training logs only).
-* :data:`CHEXNET_PAPER_AUROC` - the paper's per-class test AUROC, to compare against.
+* :class:`MeanAUROC` - Keras' thresholded AUROC estimate, for training logs only; the exact
+  AUROC of a whole split, and the paper's figures, are :mod:`chexnet_utils.model.auroc`'s.
 
-TensorFlow/Keras is imported lazily: ``import chexnet_utils.model.models`` only
-needs numpy until a model, loss, metric or AUROC is computed. The Keras classes are created
-on first attribute access (module ``__getattr__``) and registered for ``.keras``
-serialisation under the package name ``chexnet_utils``; :func:`custom_objects` lists them for
-``keras.saving.load_model``.
+This module imports Keras (and so TensorFlow): what needs no Keras lives in
+:mod:`~chexnet_utils.model.auroc` and :mod:`~chexnet_utils.model.architectures`, and modules
+that must stay light import this one inside the functions that build or fit a model. The
+Keras classes are registered for ``.keras`` serialisation under the package name
+``chexnet_utils``; :func:`custom_objects` lists them for ``keras.saving.load_model``.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache
+from collections.abc import Callable, Sequence
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import keras
 import numpy as np
+import tensorflow as tf
+from keras import ops
 
-from chexnet_utils.data.labels import NUM_CLASSES, PATHOLOGIES
-
-if TYPE_CHECKING:
-    import keras
-
-    # Defined on first access by the module __getattr__ (they subclass Keras classes).
-    ChexNet: type[keras.Model]
-    WeightedBCE: type[keras.losses.Loss]
-    MeanAUROC: type[keras.metrics.AUC]
-    ImageNetCaffeInput: type[keras.layers.Layer]
+from chexnet_utils.data.labels import NUM_CLASSES
+from chexnet_utils.model.architectures import ARCHITECTURES, IMAGENET_WEIGHT_FILES
 
 __all__ = [
-    "ARCHITECTURES",
-    "CHEXNET_PAPER_AUROC",
-    "CHEXNET_PAPER_MEAN_AUROC",
-    "IMAGENET_WEIGHT_FILES",
     "ChexNet",
+    "ImageNetCaffeInput",
     "MeanAUROC",
     "WeightedBCE",
-    "binary_auroc",
     "build_chexnet",
     "class_weights_from_prevalence",
     "custom_objects",
-    "mean_auroc",
-    "per_class_auroc",
-    "roc_curve",
 ]
 
-FULL_SIZE_ARCHITECTURES: tuple[str, ...] = ("densenet121", "resnet50")
-"""The two ImageNet backbones the Dell EMC article of October 2019 trained and scaled:
-CheXNet's DenseNet-121 and ResNet-50 (seed digest §5)."""
-
-ARCHITECTURES: tuple[str, ...] = (*FULL_SIZE_ARCHITECTURES, "small")
-"""Values of ``arch`` that :func:`build_chexnet` accepts."""
-
-CHEXNET_PAPER_AUROC: dict[str, float] = {
-    "Atelectasis": 0.8094,
-    "Cardiomegaly": 0.9248,
-    "Effusion": 0.8638,
-    "Infiltration": 0.7345,
-    "Mass": 0.8676,
-    "Nodule": 0.7802,
-    "Pneumonia": 0.7680,
-    "Pneumothorax": 0.8887,
-    "Consolidation": 0.7901,
-    "Edema": 0.8878,
-    "Emphysema": 0.9371,
-    "Fibrosis": 0.8047,
-    "Pleural_Thickening": 0.8062,
-    "Hernia": 0.9164,
-}
-"""Per-class test AUROC of CheXNet (Rajpurkar et al. 2017, DenseNet-121, 224 px, on the
-NIH ChestX-ray14 test set), in :data:`~chexnet_utils.data.labels.PATHOLOGIES` order."""
-
-CHEXNET_PAPER_MEAN_AUROC: float = 0.841
-"""The paper's mean over the 14 classes (``mean(CHEXNET_PAPER_AUROC.values())`` = 0.8414)."""
-
-_KERAS_APPLICATIONS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/"
-IMAGENET_WEIGHT_FILES: dict[str, str] = {
-    "densenet121": _KERAS_APPLICATIONS_URL
-    + "densenet/densenet121_weights_tf_dim_ordering_tf_kernels_notop.h5",
-    "resnet50": _KERAS_APPLICATIONS_URL
-    + "resnet/resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5",
-}
-"""Where keras-applications publishes the ImageNet backbone weights ("notop": without the
-1000-class classifier) that :func:`build_chexnet` accepts as ``weights``. Download on a machine
-with internet access and copy the file over; nothing here downloads."""
+_PACKAGE = "chexnet_utils"
+register = keras.saving.register_keras_serializable(package=_PACKAGE)
 
 # The pipelines normalise with ImageNet mean/std in RGB ("torch" mode), which is what
 # DenseNet-121's ImageNet weights expect. ResNet-50's expect "caffe" mode (BGR, 0..255, mean
@@ -117,108 +64,6 @@ with internet access and copy the file over; nothing here downloads."""
 _TORCH_MEAN = (0.485, 0.456, 0.406)
 _TORCH_STD = (0.229, 0.224, 0.225)
 _CAFFE_MEAN_BGR = (103.939, 116.779, 123.68)
-
-
-# --------------------------------------------------------------------------------------------
-# AUROC (exact, numpy)
-# --------------------------------------------------------------------------------------------
-
-def _binary_inputs(y_true: Sequence[float] | np.ndarray, y_score: Sequence[float] | np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Flatten one binary problem: positives mask (``y_true >= 0.5``), float scores, and the
-    counts of positives and negatives. Raises ``ValueError`` when the lengths differ."""
-    t = np.asarray(y_true, dtype=np.float64).reshape(-1) >= 0.5
-    s = np.asarray(y_score, dtype=np.float64).reshape(-1)
-    if t.shape != s.shape:
-        raise ValueError(f"y_true has {t.size} values, y_score {s.size}")
-    n_pos = int(t.sum())
-    return t, s, n_pos, t.size - n_pos
-
-
-def binary_auroc(y_true: Sequence[float] | np.ndarray,
-                 y_score: Sequence[float] | np.ndarray) -> float:
-    """Area under the ROC curve of one binary problem, exactly (the number
-    ``sklearn.metrics.roc_auc_score`` gives).
-
-    AUROC is the probability that a random positive scores higher than a random negative
-    (ties count one half), i.e. the Mann-Whitney U statistic divided by ``P * N`` (Hanley and
-    McNeil 1982, Radiology 143:29-36: the area equals the Wilcoxon statistic). U comes from the
-    ranks of all scores, tied scores sharing their average rank: ``U = (sum of the positives'
-    ranks) - P (P + 1) / 2``. ``y_true`` entries >= 0.5 are positives. Returns NaN when
-    ``y_true`` holds only one class (AUROC is undefined) or a score is not finite.
-    """
-    t, s, n_pos, n_neg = _binary_inputs(y_true, y_score)
-    if n_pos == 0 or n_neg == 0 or not np.all(np.isfinite(s)):
-        return math.nan
-    _, group, counts = np.unique(s, return_inverse=True, return_counts=True)
-    average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based, ties share the mean
-    u = average_rank[group][t].sum() - n_pos * (n_pos + 1) / 2.0
-    return float(u / (n_pos * n_neg))
-
-
-def roc_curve(y_true: Sequence[float] | np.ndarray,
-              y_score: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The ROC curve of one binary problem: ``(false positive rate, true positive rate)``,
-    the points ``sklearn.metrics.roc_curve(..., drop_intermediate=False)`` gives.
-
-    One point per distinct score, taken as the threshold from the highest score down
-    ("positive if score >= threshold"), plus the start point ``(0, 0)``; tied scores move the
-    curve diagonally, as they should. The area under these points by the trapezoidal rule is
-    exactly :func:`binary_auroc`. ``y_true`` entries >= 0.5 are positives. Returns two
-    empty arrays when ``y_true`` holds only one class (no curve exists); raises
-    ``ValueError`` for a score that is not finite.
-    """
-    t, s, n_pos, n_neg = _binary_inputs(y_true, y_score)
-    if n_pos == 0 or n_neg == 0:
-        return np.zeros(0), np.zeros(0)
-    if not np.all(np.isfinite(s)):
-        raise ValueError("y_score holds NaN or infinite values: no ROC curve")
-    order = np.argsort(-s, kind="stable")
-    last_of_tie = np.r_[np.diff(s[order]) != 0, True]  # one point per distinct score
-    tps = np.cumsum(t[order])[last_of_tie]
-    fps = np.cumsum(~t[order])[last_of_tie]
-    return np.r_[0.0, fps / n_neg], np.r_[0.0, tps / n_pos]
-
-
-def per_class_auroc(y_true: np.ndarray | Sequence[Sequence[float]],
-                    y_score: np.ndarray | Sequence[Sequence[float]],
-                    names: Sequence[str] = PATHOLOGIES) -> dict[str, float]:
-    """AUROC of every column: ``{class name: AUROC}`` (:func:`binary_auroc` per class).
-
-    ``y_true`` (multi-hot) and ``y_score`` (probabilities or any monotone score) have shape
-    ``(n_images, n_classes)``; ``names`` names the columns (default: the 14 pathologies).
-    A class whose column holds only positives or only negatives gets NaN - common on small
-    splits (the synthetic CI test split has no Hernia at all), and :func:`mean_auroc` skips it.
-    """
-    t = np.asarray(y_true, dtype=np.float64)
-    s = np.asarray(y_score, dtype=np.float64)
-    if t.ndim != 2 or t.shape != s.shape:
-        raise ValueError(f"y_true and y_score must be 2-D of the same shape, got "
-                         f"{t.shape} and {s.shape}")
-    if t.shape[1] != len(names):
-        raise ValueError(f"{t.shape[1]} columns but {len(names)} class names")
-    return {name: binary_auroc(t[:, c], s[:, c]) for c, name in enumerate(names)}
-
-
-def mean_auroc(y_true: np.ndarray | Sequence[Sequence[float]] | Mapping[str, float],
-               y_score: np.ndarray | Sequence[Sequence[float]] | None = None) -> float:
-    """Mean AUROC over the classes where it is defined (NaN classes are left out).
-
-    Call as ``mean_auroc(y_true, y_score)`` or on the result of :func:`per_class_auroc`
-    (``mean_auroc(per_class)``). NaN when no class has both positives and negatives. The
-    paper's 0.841 is the mean over all 14 classes; on a split missing some classes the mean
-    is over fewer classes, so compare it with the paper only on a large test split.
-    """
-    if y_score is None:
-        if not isinstance(y_true, Mapping):
-            raise TypeError("pass (y_true, y_score) or the dict of per_class_auroc")
-        values = np.array(list(y_true.values()), dtype=np.float64)
-    else:
-        t = np.asarray(y_true, dtype=np.float64)
-        names = [str(c) for c in range(t.shape[1])] if t.ndim == 2 else []
-        values = np.array(list(per_class_auroc(t, np.asarray(y_score), names).values()))
-    values = values[np.isfinite(values)]
-    return float(values.mean()) if values.size else math.nan
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,172 +116,153 @@ def class_weights_from_prevalence(prevalence: Sequence[float] | np.ndarray,
 
 
 # --------------------------------------------------------------------------------------------
-# Keras classes (created lazily: importing this module does not import TensorFlow)
+# Keras classes (registered for .keras serialisation under the package name)
 # --------------------------------------------------------------------------------------------
 
-_PACKAGE = "chexnet_utils"
+@register
+class ChexNet(keras.Model):
+    """A Keras functional model whose ``train_step`` has a gradient-reduction seam.
+
+    Built by :func:`build_chexnet` (``ChexNet(inputs, outputs)``). Training is Keras' own
+    ``train_step`` (forward pass, ``compute_loss``, gradients, optimizer) except that the
+    gradients go through :attr:`gradient_reducer` before ``apply_gradients``. Identity
+    when it is ``None`` (the default); under data parallelism it averages the gradients
+    over the workers, e.g. ``lambda g: hvd.grouped_allreduce(g, op=hvd.Average)``.
+    Setting it resets the compiled train function, so a new reducer takes effect on the
+    next ``fit``. It is a runtime setting and not saved with the model.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gradient_reducer: Callable[[list[Any]], list[Any]] | None = None
+
+    @property
+    def gradient_reducer(self) -> Callable[[list[Any]], list[Any]] | None:
+        """``grads -> grads`` applied in ``train_step`` (``None``: identity)."""
+        return self._gradient_reducer
+
+    @gradient_reducer.setter
+    def gradient_reducer(self, fn: Callable[[list[Any]], list[Any]] | None) -> None:
+        self._gradient_reducer = fn
+        self.train_function = None  # retrace with the new reducer
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        if keras.backend.backend() != "tensorflow":  # pragma: no cover
+            raise RuntimeError("ChexNet.train_step is written for the TensorFlow backend")
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred,
+                                     sample_weight=sample_weight, training=True)
+            scaled = self.optimizer.scale_loss(loss)
+        weights = self.trainable_weights
+        grads = tape.gradient(scaled, weights)
+        if self._gradient_reducer is not None:
+            grads = list(self._gradient_reducer(list(grads)))
+            if len(grads) != len(weights):
+                raise ValueError(f"gradient_reducer returned {len(grads)} gradients for "
+                                 f"{len(weights)} weights")
+        self.optimizer.apply_gradients(zip(grads, weights, strict=True))
+        batch = tf.shape(tf.nest.flatten(x)[0])[0]
+        for metric in self.metrics:
+            if metric.name == "loss":  # Keras' loss tracker (the "loss" in the logs)
+                metric.update_state(loss, sample_weight=batch)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
-@lru_cache(maxsize=None)
-def _keras_classes() -> dict[str, type]:  # noqa: C901 (issue 28 item 3: Keras classes at module level next)
-    import keras
-    from keras import ops
+@register
+class WeightedBCE(keras.losses.Loss):
+    """A class-weighted binary cross-entropy on sigmoid probabilities (the CheXNet
+    paper's pneumonia weighting, §2.1, for each of the 14 classes).
 
-    register = keras.saving.register_keras_serializable(package=_PACKAGE)
+    Per image and class ``c``, with ``p`` the predicted probability and ``y`` in {0, 1}::
 
-    class ChexNet(keras.Model):
-        """A Keras functional model whose ``train_step`` has a gradient-reduction seam.
+        L_c = -( w+_c * y * log(p) + w-_c * (1 - y) * log(1 - p) )
 
-        Built by :func:`build_chexnet` (``ChexNet(inputs, outputs)``). Training is Keras' own
-        ``train_step`` (forward pass, ``compute_loss``, gradients, optimizer) except that the
-        gradients go through :attr:`gradient_reducer` before ``apply_gradients``. Identity
-        when it is ``None`` (the default); under data parallelism it averages the gradients
-        over the workers, e.g. ``lambda g: hvd.grouped_allreduce(g, op=hvd.Average)``.
-        Setting it resets the compiled train function, so a new reducer takes effect on the
-        next ``fit``. It is a runtime setting and not saved with the model.
-        """
+    averaged over the 14 classes (like ``keras.losses.binary_crossentropy``), then over
+    the batch. ``p`` is clipped to ``[epsilon, 1 - epsilon]``. Weights from
+    :func:`class_weights_from_prevalence` (or :meth:`from_label_sums`). Serialisable:
+    ``get_config`` holds the weights, so a saved ``.keras`` model reloads with its loss.
+    """
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._gradient_reducer: Callable[[list[Any]], list[Any]] | None = None
+    def __init__(self, pos_weights: Sequence[float] | np.ndarray,
+                 neg_weights: Sequence[float] | np.ndarray,
+                 epsilon: float = 1e-7, name: str = "weighted_bce",
+                 reduction: str = "sum_over_batch_size", dtype: Any = None) -> None:
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        self.pos_weights = [float(w) for w in np.asarray(pos_weights).reshape(-1)]
+        self.neg_weights = [float(w) for w in np.asarray(neg_weights).reshape(-1)]
+        if len(self.pos_weights) != len(self.neg_weights) or not self.pos_weights:
+            raise ValueError("pos_weights and neg_weights must be non-empty and of "
+                             "equal length")
+        if not 0 < epsilon < 0.5:
+            raise ValueError(f"epsilon must be in (0, 0.5), got {epsilon}")
+        self.epsilon = float(epsilon)
 
-        @property
-        def gradient_reducer(self) -> Callable[[list[Any]], list[Any]] | None:
-            """``grads -> grads`` applied in ``train_step`` (``None``: identity)."""
-            return self._gradient_reducer
+    @classmethod
+    def from_label_sums(cls, label_sums: Sequence[float] | np.ndarray, n: int,
+                        **kwargs: Any) -> WeightedBCE:
+        """Weights from per-class positive counts over ``n`` training images."""
+        w_pos, w_neg = class_weights_from_prevalence(label_sums, n)
+        return cls(w_pos, w_neg, **kwargs)
 
-        @gradient_reducer.setter
-        def gradient_reducer(self, fn: Callable[[list[Any]], list[Any]] | None) -> None:
-            self._gradient_reducer = fn
-            self.train_function = None  # retrace with the new reducer
+    def call(self, y_true: Any, y_pred: Any) -> Any:
+        y_pred = ops.convert_to_tensor(y_pred)
+        y_true = ops.cast(y_true, y_pred.dtype)
+        p = ops.clip(y_pred, self.epsilon, 1.0 - self.epsilon)
+        w_pos = ops.convert_to_tensor(self.pos_weights, dtype=y_pred.dtype)
+        w_neg = ops.convert_to_tensor(self.neg_weights, dtype=y_pred.dtype)
+        per_class = -(w_pos * y_true * ops.log(p)
+                      + w_neg * (1.0 - y_true) * ops.log(1.0 - p))
+        return ops.mean(per_class, axis=-1)
 
-        def train_step(self, data: Any) -> dict[str, Any]:
-            if keras.backend.backend() != "tensorflow":  # pragma: no cover
-                raise RuntimeError("ChexNet.train_step is written for the TensorFlow backend")
-            import tensorflow as tf
-
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-            with tf.GradientTape() as tape:
-                y_pred = self(x, training=True)
-                loss = self.compute_loss(x=x, y=y, y_pred=y_pred,
-                                         sample_weight=sample_weight, training=True)
-                scaled = self.optimizer.scale_loss(loss)
-            weights = self.trainable_weights
-            grads = tape.gradient(scaled, weights)
-            if self._gradient_reducer is not None:
-                grads = list(self._gradient_reducer(list(grads)))
-                if len(grads) != len(weights):
-                    raise ValueError(f"gradient_reducer returned {len(grads)} gradients for "
-                                     f"{len(weights)} weights")
-            self.optimizer.apply_gradients(zip(grads, weights, strict=True))
-            batch = tf.shape(tf.nest.flatten(x)[0])[0]
-            for metric in self.metrics:
-                if metric.name == "loss":  # Keras' loss tracker (the "loss" in the logs)
-                    metric.update_state(loss, sample_weight=batch)
-            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-    class WeightedBCE(keras.losses.Loss):
-        """A class-weighted binary cross-entropy on sigmoid probabilities (the CheXNet
-        paper's pneumonia weighting, §2.1, for each of the 14 classes).
-
-        Per image and class ``c``, with ``p`` the predicted probability and ``y`` in {0, 1}::
-
-            L_c = -( w+_c * y * log(p) + w-_c * (1 - y) * log(1 - p) )
-
-        averaged over the 14 classes (like ``keras.losses.binary_crossentropy``), then over
-        the batch. ``p`` is clipped to ``[epsilon, 1 - epsilon]``. Weights from
-        :func:`class_weights_from_prevalence` (or :meth:`from_label_sums`). Serialisable:
-        ``get_config`` holds the weights, so a saved ``.keras`` model reloads with its loss.
-        """
-
-        def __init__(self, pos_weights: Sequence[float] | np.ndarray,
-                     neg_weights: Sequence[float] | np.ndarray,
-                     epsilon: float = 1e-7, name: str = "weighted_bce",
-                     reduction: str = "sum_over_batch_size", dtype: Any = None) -> None:
-            super().__init__(name=name, reduction=reduction, dtype=dtype)
-            self.pos_weights = [float(w) for w in np.asarray(pos_weights).reshape(-1)]
-            self.neg_weights = [float(w) for w in np.asarray(neg_weights).reshape(-1)]
-            if len(self.pos_weights) != len(self.neg_weights) or not self.pos_weights:
-                raise ValueError("pos_weights and neg_weights must be non-empty and of "
-                                 "equal length")
-            if not 0 < epsilon < 0.5:
-                raise ValueError(f"epsilon must be in (0, 0.5), got {epsilon}")
-            self.epsilon = float(epsilon)
-
-        @classmethod
-        def from_label_sums(cls, label_sums: Sequence[float], n: int,
-                            **kwargs: Any) -> WeightedBCE:
-            """Weights from per-class positive counts over ``n`` training images."""
-            w_pos, w_neg = class_weights_from_prevalence(label_sums, n)
-            return cls(w_pos, w_neg, **kwargs)
-
-        def call(self, y_true: Any, y_pred: Any) -> Any:
-            y_pred = ops.convert_to_tensor(y_pred)
-            y_true = ops.cast(y_true, y_pred.dtype)
-            p = ops.clip(y_pred, self.epsilon, 1.0 - self.epsilon)
-            w_pos = ops.convert_to_tensor(self.pos_weights, dtype=y_pred.dtype)
-            w_neg = ops.convert_to_tensor(self.neg_weights, dtype=y_pred.dtype)
-            per_class = -(w_pos * y_true * ops.log(p)
-                          + w_neg * (1.0 - y_true) * ops.log(1.0 - p))
-            return ops.mean(per_class, axis=-1)
-
-        def get_config(self) -> dict[str, Any]:
-            return {**super().get_config(), "pos_weights": list(self.pos_weights),
-                    "neg_weights": list(self.neg_weights), "epsilon": self.epsilon}
-
-    class MeanAUROC(keras.metrics.AUC):
-        """Mean over the classes of Keras' thresholded ROC AUC, for training logs.
-
-        ``keras.metrics.AUC(multi_label=True, num_labels=14)``: accumulates a confusion matrix
-        at ``num_thresholds`` thresholds per class over the epoch and averages the per-class
-        areas. An approximation (thresholds, and classes without positives count with AUC
-        0), so report :func:`per_class_auroc` on a whole split instead.
-        """
-
-        def __init__(self, num_labels: int = NUM_CLASSES, name: str = "mean_auroc",
-                     num_thresholds: int = 200, **kwargs: Any) -> None:
-            kwargs.pop("multi_label", None)
-            super().__init__(num_thresholds=num_thresholds, multi_label=True,
-                             num_labels=num_labels, name=name, **kwargs)
-
-    class ImageNetCaffeInput(keras.layers.Layer):
-        """Fixed conversion of ImageNet mean/std-normalised RGB ("torch" mode) into the
-        BGR, 0..255, mean-subtracted input ("caffe" mode) of keras-applications' ResNet-50."""
-
-        def call(self, x: Any) -> Any:
-            mean = ops.convert_to_tensor(_TORCH_MEAN, dtype=x.dtype)
-            std = ops.convert_to_tensor(_TORCH_STD, dtype=x.dtype)
-            caffe = ops.convert_to_tensor(_CAFFE_MEAN_BGR, dtype=x.dtype)
-            rgb = (x * std + mean) * 255.0
-            return ops.flip(rgb, axis=-1) - caffe
-
-        def compute_output_shape(self, input_shape: Any) -> Any:
-            return input_shape
-
-    classes = {"ChexNet": ChexNet, "WeightedBCE": WeightedBCE, "MeanAUROC": MeanAUROC,
-               "ImageNetCaffeInput": ImageNetCaffeInput}
-    for name, cls in classes.items():
-        cls.__name__ = cls.__qualname__ = name
-        cls.__module__ = __name__
-        register(cls)
-    return classes
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "pos_weights": list(self.pos_weights),
+                "neg_weights": list(self.neg_weights), "epsilon": self.epsilon}
 
 
-def __getattr__(name: str) -> Any:
-    # ChexNet, WeightedBCE, MeanAUROC, ImageNetCaffeInput: defined on first use (imports Keras).
-    if name in ("ChexNet", "WeightedBCE", "MeanAUROC", "ImageNetCaffeInput"):
-        return _keras_classes()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+@register
+class MeanAUROC(keras.metrics.AUC):
+    """Mean over the classes of Keras' thresholded ROC AUC, for training logs.
+
+    ``keras.metrics.AUC(multi_label=True, num_labels=14)``: accumulates a confusion matrix
+    at ``num_thresholds`` thresholds per class over the epoch and averages the per-class
+    areas. An approximation (thresholds, and classes without positives count with AUC
+    0), so report :func:`per_class_auroc` on a whole split instead.
+    """
+
+    def __init__(self, num_labels: int = NUM_CLASSES, name: str = "mean_auroc",
+                 num_thresholds: int = 200, **kwargs: Any) -> None:
+        kwargs.pop("multi_label", None)
+        super().__init__(num_thresholds=num_thresholds, multi_label=True,
+                         num_labels=num_labels, name=name, **kwargs)
+
+
+@register
+class ImageNetCaffeInput(keras.layers.Layer):
+    """Fixed conversion of ImageNet mean/std-normalised RGB ("torch" mode) into the
+    BGR, 0..255, mean-subtracted input ("caffe" mode) of keras-applications' ResNet-50."""
+
+    def call(self, x: Any) -> Any:
+        mean = ops.convert_to_tensor(_TORCH_MEAN, dtype=x.dtype)
+        std = ops.convert_to_tensor(_TORCH_STD, dtype=x.dtype)
+        caffe = ops.convert_to_tensor(_CAFFE_MEAN_BGR, dtype=x.dtype)
+        rgb = (x * std + mean) * 255.0
+        return ops.flip(rgb, axis=-1) - caffe
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
 
 
 def custom_objects() -> dict[str, type]:
     """The custom classes, for ``keras.saving.load_model(path, custom_objects=...)``.
 
-    Registration already makes ``load_model`` find them once this function (or any model,
-    loss or metric here) has been used in the process; passing them explicitly is harmless.
+    Registration already makes ``load_model`` find them once this module is imported;
+    passing them explicitly is harmless.
     """
-    classes = _keras_classes()
-    return {f"{_PACKAGE}>{k}": v for k, v in classes.items()} | dict(classes)
+    classes: dict[str, type] = {"ChexNet": ChexNet, "WeightedBCE": WeightedBCE,
+                                "MeanAUROC": MeanAUROC, "ImageNetCaffeInput": ImageNetCaffeInput}
+    return {f"{_PACKAGE}>{k}": v for k, v in classes.items()} | classes
 
 
 # --------------------------------------------------------------------------------------------
@@ -455,7 +281,6 @@ def _small_backbone(input_size: int, widths: Sequence[int] = (16, 32, 64, 128, 1
     epochs (validation loss rising while training loss falls). ``widths``/``pooling`` are for
     experiments.
     """
-    import keras
     from keras import layers
 
     def block(x: Any, filters: int, name: str, strides: int = 1) -> Any:
@@ -487,7 +312,7 @@ def _check_weights_file(weights: str | PathLike[str]) -> Path:
             f"weights file {str(path)!r} not found. Pass a local file: a full-model "
             f"'.weights.h5' saved by this package, or ImageNet backbone weights "
             f"('*_notop.h5' of keras-applications, downloaded on a machine with internet "
-            f"access, see chexnet_utils.model.models.IMAGENET_WEIGHT_FILES). "
+            f"access, see chexnet_utils.model.architectures.IMAGENET_WEIGHT_FILES). "
             "Nothing is downloaded.")
     return path
 
@@ -537,7 +362,6 @@ def build_chexnet(arch: str = "densenet121", input_size: int = 224,
     missing file. ResNet-50 gets a fixed input layer that converts the pipeline's "torch"
     normalisation to the "caffe" input its ImageNet weights expect.
     """
-    import keras
 
     arch = str(arch).lower()
     if arch not in ARCHITECTURES:
@@ -549,7 +373,6 @@ def build_chexnet(arch: str = "densenet121", input_size: int = 224,
     if backbone_file and arch == "small":
         raise ValueError(f"{path}: 'small' has no ImageNet backbone weights; pass a "
                          "'.weights.h5' file saved from a 'small' model, or no weights")
-    classes = _keras_classes()
 
     shape = (input_size, input_size, 3)
     if arch == "densenet121":
@@ -576,10 +399,10 @@ def build_chexnet(arch: str = "densenet121", input_size: int = 224,
     inputs = keras.Input(shape, name="image")
     x = inputs
     if arch == "resnet50":
-        x = classes["ImageNetCaffeInput"](name="imagenet_caffe_input")(x)
+        x = ImageNetCaffeInput(name="imagenet_caffe_input")(x)
     x = backbone(x)
     outputs = keras.layers.Dense(num_classes, activation="sigmoid", name="predictions")(x)
-    model = classes["ChexNet"](inputs, outputs, name=f"chexnet_{arch}")
+    model = ChexNet(inputs, outputs, name=f"chexnet_{arch}")
 
     if path is not None and not backbone_file:
         try:

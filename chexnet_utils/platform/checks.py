@@ -2,12 +2,19 @@
 
 One place for the "must be >= N" guard that data-set generation, input pipelines and the like
 apply to counts and sizes, so every such error reads the same:
-``ValueError: batch_size must be >= 1, got 0``.
+``ValueError: batch_size must be >= 1, got 0``; and one place for string options: a dataclass
+field typed ``Literal["new", "old"]`` is its list of allowed values (:func:`literal_choices`,
+what the CLI offers as ``choices``), checked by :func:`require_choices`:
+``ValueError: pipeline must be one of 'new', 'old'; got 'fast'``.
 """
 
 from __future__ import annotations
 
-__all__ = ["require_at_least"]
+import dataclasses
+import typing
+from typing import Any, Literal
+
+__all__ = ["literal_choices", "require_at_least", "require_choices"]
 
 
 def require_at_least(minimum: int, **values: int) -> None:
@@ -19,3 +26,21 @@ def require_at_least(minimum: int, **values: int) -> None:
     for name, value in values.items():
         if value < minimum:
             raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def literal_choices(cls: type) -> dict[str, tuple[Any, ...]]:
+    """The fields of dataclass ``cls`` typed with a ``Literal`` and their allowed values, in
+    field order (``typing.get_type_hints`` resolves the annotations, postponed or not)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(cls)
+            if typing.get_origin(hints[f.name]) is Literal}
+
+
+def require_choices(obj: Any) -> None:
+    """Raise :class:`ValueError` for the first ``Literal``-typed field of dataclass instance
+    ``obj`` whose value is not one of its type's values."""
+    for name, allowed in literal_choices(type(obj)).items():
+        value = getattr(obj, name)
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; "
+                             f"got {value!r}")

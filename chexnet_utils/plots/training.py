@@ -74,12 +74,12 @@ def roc_curves(y_true: np.ndarray, y_score: np.ndarray, names: Sequence[str] = P
     """One small ROC panel per class, with its AUROC (and ``reference[name]``) in the title.
 
     ``y_true`` (multi-hot) and ``y_score`` have shape ``(n_images, len(names))``. Curves
-    from :func:`chexnet_utils.model.models.roc_curve`; the dotted diagonal is chance. A class
+    from :func:`chexnet_utils.model.auroc.roc_curve`; the dotted diagonal is chance. A class
     whose column has no positives (or no negatives) gets an empty panel saying so.
     """
     import matplotlib.pyplot as plt
 
-    from chexnet_utils.model.models import binary_auroc, roc_curve
+    from chexnet_utils.model.auroc import binary_auroc, roc_curve
 
     t = np.asarray(y_true, dtype=np.float64)
     s = np.asarray(y_score, dtype=np.float64)

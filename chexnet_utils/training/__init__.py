@@ -8,7 +8,7 @@ names notebooks, the CLI and the tests use, re-exported from one module per conc
   and :func:`train_on_engine` (the same on an ipyparallel MPI engine);
 - :mod:`~chexnet_utils.training.dataparallel`: the data-parallel seams (``init_world``,
   ``gradient_averager``, ``broadcast_initial_state``, ``scaled_learning_rate``,
-  ``weights_checksum``);
+  ``weights_sha256``: the one weights fingerprint);
 - :mod:`~chexnet_utils.training.callbacks`: the Keras callbacks of a run (warm-up, metric
   average, validation AUROC, checkpoints);
 - :mod:`~chexnet_utils.training.checkpoints`: the files of ``out_dir`` (checkpoints, state,
@@ -43,7 +43,7 @@ from chexnet_utils.training.dataparallel import (
     gradient_averager,
     init_world,
     scaled_learning_rate,
-    weights_checksum,
+    weights_sha256,
 )
 from chexnet_utils.training.loop import PIPELINES, TrainConfig, TrainResult, train, train_on_engine
 from chexnet_utils.training.splits import predict_split, training_label_sums
@@ -52,7 +52,7 @@ __all__ = [
     "BEST_NAME", "CHECKPOINT_DIR", "CSV_NAME", "LAST_NAME", "METRICS_NAME", "STATE_FORMAT",
     "STATE_NAME", "TENSORBOARD_DIR", "load_checkpoint", "read_csv_log",
     "LR_SCALINGS", "broadcast_initial_state", "gradient_averager", "init_world",
-    "scaled_learning_rate", "weights_checksum",
+    "scaled_learning_rate", "weights_sha256",
     "PIPELINES", "TrainConfig", "TrainResult", "train", "train_on_engine",
     "predict_split", "training_label_sums",
 ]

@@ -13,7 +13,8 @@ step that training takes. Which of the six Horovod changes each one is:
   ``train_step`` (change 4; the variants are in :mod:`chexnet_utils.training.horovod_keras`);
 * :func:`broadcast_initial_state` - rank 0's model and optimizer variables to all (change 5);
 * :func:`allreduce_mean` - numbers (epoch metrics) averaged across workers;
-* :func:`weights_checksum` - a digest of the weights, equal on every rank of a healthy job.
+* :func:`weights_sha256` - the fingerprint of the weights, equal on every rank of a healthy
+  job (the project's one weights fingerprint).
 
 Horovod and TensorFlow are imported inside the functions: importing this module is cheap, and
 with ``distributed=False`` nothing of Horovod is touched.
@@ -21,21 +22,25 @@ with ``distributed=False`` nothing of Horovod is touched.
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+import numpy as np
 
 if TYPE_CHECKING:
     import keras
 
 __all__ = [
     "LR_SCALINGS",
+    "LrScaling",
     "allreduce_mean",
     "broadcast_initial_state",
     "gradient_averager",
     "init_world",
     "scaled_learning_rate",
-    "weights_checksum",
+    "weights_sha256",
 ]
 
 
@@ -103,21 +108,24 @@ def allreduce_mean(values: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, (float(v) for v in averaged.numpy()), strict=True))
 
 
-def weights_checksum(model: keras.Model, trainable_only: bool = True) -> str:
-    """sha256 of the model's weights, in order.
+def weights_sha256(weights: Sequence[Any]) -> str:
+    """The fingerprint of a model's weights: sha256 of their bytes, in order.
 
-    With ``trainable_only`` (default) it is equal on all workers of a healthy Horovod job:
-    same initial values (broadcast), same averaged gradients, same optimizer. BatchNorm's
+    Of ``model.trainable_weights`` it is equal on all workers of a healthy Horovod job, bit
+    for bit: same initial values (broadcast), same averaged gradients, same optimizer; what
+    ``metrics.json`` records per rank and what the rank-agreement check compares. BatchNorm's
     moving mean and variance are *not* trainable: each worker updates them from its own
-    batches, so they differ slightly between workers (rank 0's are the ones saved;
-    ``hvd.SyncBatchNormalization`` would average them too).
+    batches, so ``model.weights`` differ slightly between workers (rank 0's are the ones
+    saved; ``hvd.SyncBatchNormalization`` would average them too).
     """
-    from chexnet_utils.training.horovod_keras import weights_sha256
+    h = hashlib.sha256()
+    for w in weights:
+        h.update(np.ascontiguousarray(np.asarray(w)).tobytes())
+    return h.hexdigest()
 
-    return weights_sha256(model.trainable_weights if trainable_only else model.weights)
 
-
-LR_SCALINGS = ("linear", "sqrt")
+LrScaling = Literal["linear", "sqrt"]
+LR_SCALINGS: tuple[str, ...] = get_args(LrScaling)
 
 
 def scaled_learning_rate(lr: float, size: int, scaling: str | None = "linear") -> float:

@@ -27,18 +27,20 @@ Measured with Horovod 0.28.1 on Keras 3 (TensorFlow backend), 2 ranks
     ``gradient_reducer`` seam: :func:`chexnet_utils.training.train` fills it with (b); the
     alternative filling, one grouped allreduce, is the "(d)" row of notebook 04.
 
-Whatever the pattern, :class:`RankAgreement` compares a cheap digest of the trainable weights
-across ranks after the first steps and at every epoch end and raises :class:`RanksDiverged`
-naming the likely cause, instead of letting the job train on silently different copies.
+Whatever the pattern, :class:`~chexnet_utils.training.callbacks.RankAgreement` compares a cheap
+digest of the trainable weights across ranks after the first steps and at every epoch end and
+raises :class:`RanksDiverged` naming the likely cause, instead of letting the job train on
+silently different copies.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from chexnet_utils.training.dataparallel import weights_sha256
 
 DIVERGENCE_CAUSES = (
     "an optimizer that does not average gradients (hvd.keras.DistributedOptimizer with "
@@ -98,78 +100,31 @@ def broadcast_model(model: Any) -> None:
 
 # ---- are the ranks still the same model? -------------------------------------------------------
 
-def weights_digest(weights: Sequence[Any]) -> np.ndarray:
-    """Cheap fingerprint of a list of weights: per tensor, the float64 sum and the sum of
-    squares of its values. Equal on every rank of a healthy job (the same computation on
-    the same numbers); any drift changes it."""
-    out = np.empty(2 * len(weights), np.float64)
-    for i, w in enumerate(weights):
-        a = np.asarray(w, dtype=np.float64)
-        out[2 * i] = a.sum()
-        out[2 * i + 1] = np.square(a).sum()
-    return out
-
-
-def weights_sha256(weights: Sequence[Any]) -> str:
-    """sha256 of the weights' bytes, in order (what ``metrics.json`` records per rank)."""
-    h = hashlib.sha256()
-    for w in weights:
-        h.update(np.ascontiguousarray(np.asarray(w)).tobytes())
-    return h.hexdigest()
-
-
-def digests_agree(digests: np.ndarray) -> list[int]:
-    """Ranks (rows of ``digests``) whose fingerprint differs from rank 0's; ``[]`` if none.
-    (NaN equals NaN here: weights that blew up identically everywhere are not a drift.)"""
-    d = np.asarray(digests, dtype=np.float64)
-    return [r for r in range(1, d.shape[0]) if not np.array_equal(d[r], d[0], equal_nan=True)]
+def ranks_that_differ(fingerprints: Sequence[str]) -> list[int]:
+    """Ranks whose fingerprint (:func:`~chexnet_utils.training.dataparallel.weights_sha256`)
+    differs from rank 0's; ``[]`` if none."""
+    return [r for r in range(1, len(fingerprints)) if fingerprints[r] != fingerprints[0]]
 
 
 def check_ranks_agree(weights: Sequence[Any], where: str) -> None:
-    """Gather every rank's :func:`weights_digest` and raise :class:`RanksDiverged` on every
-    rank if any differs from rank 0's (all ranks raise together: no rank is left waiting in
-    a collective). ``where`` says when ("after step 2", "at the end of epoch 3")."""
+    """Gather every rank's :func:`~chexnet_utils.training.dataparallel.weights_sha256` (and
+    whether its weights are finite) and raise :class:`RanksDiverged` on every rank if any
+    differs from rank 0's (all ranks raise together: no rank is left waiting in a
+    collective). ``where`` says when ("after step 2", "at the end of epoch 3")."""
     import horovod.tensorflow as hvd
-    import tensorflow as tf
 
-    mine = weights_digest(weights)
-    gathered = hvd.allgather(tf.constant(mine[None, :]), name="chexnet_rank_digest").numpy()
-    if not np.isfinite(gathered).all():
+    mine = (weights_sha256(weights), all(np.isfinite(np.asarray(w)).all() for w in weights))
+    gathered = hvd.allgather_object(mine, name="chexnet_rank_fingerprint")
+    if not all(finite for _, finite in gathered):
         raise FloatingPointError(
             f"the weights are no longer finite (NaN or inf) {where}: training diverged "
             "(a learning rate too high for this many workers? try a longer warm-up or "
             "lr_scaling='sqrt')")
-    bad = digests_agree(gathered)
+    bad = ranks_that_differ([sha for sha, _ in gathered])
     if bad:
         raise RanksDiverged(
             f"the workers hold different weights {where}: rank(s) {bad} differ from rank 0. "
             f"Likely cause: {DIVERGENCE_CAUSES}.")
-
-
-def rank_agreement_callback(after_steps: int = 2) -> Any:
-    """A Keras callback: :func:`check_ranks_agree` after ``after_steps`` steps of the first
-    epoch and at every epoch end (first in the list of callbacks that change state)."""
-    import keras
-
-    class RankAgreement(keras.callbacks.Callback):
-        """Stops a Horovod job whose workers drifted apart (see :func:`check_ranks_agree`)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.checked_early = False
-            self.checks = 0
-
-        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            if not self.checked_early and batch + 1 >= after_steps:
-                self.checked_early = True
-                self.checks += 1
-                check_ranks_agree(self.model.trainable_weights, f"after step {batch + 1}")
-
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            self.checks += 1
-            check_ranks_agree(self.model.trainable_weights, f"at the end of epoch {epoch + 1}")
-
-    return RankAgreement()
 
 
 # ---- proving a pattern on N ranks ------------------------------------------------------------
@@ -217,7 +172,7 @@ def keras_optimizer_digests(steps: int = 4, batch_size: int = 8, image_size: int
     batch per rank, ``hvd.keras.DistributedOptimizer(SGD)``, ``model.compile`` +
     ``model.fit``. If the optimizer averaged, all ranks would end identical. Returns this
     rank's ``{"rank", "start", "end"}`` digests (sha256 of the trainable weights before and
-    after ``fit``), to be compared across ranks; with ``check`` a :class:`RankAgreement`
+    after ``fit``), to be compared across ranks; with ``check`` a ``RankAgreement``
     callback is added and :class:`RanksDiverged` is raised instead.
     """
     import horovod.tensorflow as hvd
@@ -235,7 +190,9 @@ def keras_optimizer_digests(steps: int = 4, batch_size: int = 8, image_size: int
     start = weights_sha256(model.trainable_weights)
     rng = np.random.default_rng(1000 + hvd.rank())  # each rank its own data
     x, y = random_batch(rng, steps * batch_size, image_size)
-    callbacks = [rank_agreement_callback(after_steps=2)] if check else []
+    from chexnet_utils.training.callbacks import RankAgreement
+
+    callbacks = [RankAgreement(after_steps=2)] if check else []
     model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False,
               callbacks=callbacks)
     return {"rank": hvd.rank(), "start": start, "end": weights_sha256(model.trainable_weights)}

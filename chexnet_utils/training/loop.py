@@ -20,7 +20,7 @@ What one call does
    0.1). Notebook 03 writes the same training out in its cells and checks, with op
    determinism, that it gives the same weights bit for bit. After every epoch the whole validation
    split is predicted and its exact per-class AUROC computed (rank-based,
-   :func:`chexnet_utils.model.models.binary_auroc`); the best epoch by validation mean AUROC is
+   :func:`chexnet_utils.model.auroc.binary_auroc`); the best epoch by validation mean AUROC is
    kept.
 4. Evaluates the best weights on the test split and writes ``metrics.json``.
 
@@ -65,7 +65,7 @@ metrics: every rank predicts the whole validation split with its own BatchNorm m
 statistics, which differ slightly between ranks, and the learning-rate plateau and the
 best-epoch choice must be taken on identical numbers everywhere, or the ranks' learning
 rates (and then their weights) drift apart. A ``RankAgreement`` callback
-(:func:`chexnet_utils.training.horovod_keras.rank_agreement_callback`) compares a digest of the
+(:class:`chexnet_utils.training.callbacks.RankAgreement`) compares a digest of the
 trainable weights across ranks after the first steps and at every epoch end and stops the
 job with :class:`~chexnet_utils.training.horovod_keras.RanksDiverged` if they differ.
 ``metrics.json`` records every rank's final learning rate and weight hash (``ranks``).
@@ -87,19 +87,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
 from chexnet_utils.data.labels import PATHOLOGIES
 from chexnet_utils.input.pipelines import DEFAULT_SHUFFLE_BUFFER
-from chexnet_utils.model.models import (
-    ARCHITECTURES,
-    CHEXNET_PAPER_MEAN_AUROC,
-    mean_auroc,
-    per_class_auroc,
-)
-from chexnet_utils.training.callbacks import callback_classes
+from chexnet_utils.model.architectures import Architecture
+from chexnet_utils.model.auroc import CHEXNET_PAPER_MEAN_AUROC, mean_auroc, per_class_auroc
+from chexnet_utils.platform.checks import require_choices
 from chexnet_utils.training.checkpoints import (
     BEST_NAME,
     CHECKPOINT_DIR,
@@ -114,11 +110,11 @@ from chexnet_utils.training.checkpoints import (
     write_json_atomic,
 )
 from chexnet_utils.training.dataparallel import (
-    LR_SCALINGS,
+    LrScaling,
     gradient_averager,
     init_world,
     scaled_learning_rate,
-    weights_checksum,
+    weights_sha256,
 )
 from chexnet_utils.training.splits import (
     eval_dataset,
@@ -128,7 +124,19 @@ from chexnet_utils.training.splits import (
     training_label_sums,
 )
 
-PIPELINES = ("new", "old")
+if TYPE_CHECKING:
+    from chexnet_utils.model.accelerator import Switches
+    from chexnet_utils.training.callbacks import EpochTimer
+
+Pipeline = Literal["new", "old"]
+"""The training input: the new or the old ``tf.data`` approach."""
+PIPELINES: tuple[str, ...] = get_args(Pipeline)
+
+Allreduce = Literal["per_tensor", "grouped"]
+"""How the gradients are averaged (:func:`gradient_averager`)."""
+
+PlateauMonitor = Literal["val_loss", "val_mean_auroc", "loss"]
+"""What ``ReduceLROnPlateau`` watches."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,7 +145,11 @@ PIPELINES = ("new", "old")
 
 @dataclass
 class TrainConfig:
-    """Everything one training run needs. Defaults: the ``ci`` scale (``small`` at 128 px)."""
+    """Everything one training run needs. Defaults: the ``ci`` scale (``small`` at 128 px).
+
+    The string options are ``Literal`` types, checked in one place
+    (:func:`chexnet_utils.platform.checks.require_choices`) and offered by the CLI as its
+    choices; the CLI's ``train`` options take their types and defaults from these fields."""
 
     tfrecords: Path | str
     """A folder converted by :func:`chexnet_utils.data.tfrecords.convert_dataset` (or
@@ -146,7 +158,7 @@ class TrainConfig:
     ~10 ms."""
     out_dir: Path | str
     """Checkpoints, logs and ``metrics.json`` go here (created)."""
-    arch: str = "small"
+    arch: Architecture = "small"
     """``densenet121`` (CheXNet), ``resnet50`` or ``small`` (see ``build_chexnet``)."""
     image_size: int = 128
     batch_size: int = 16
@@ -156,7 +168,7 @@ class TrainConfig:
     on the 600-image CI data: test mean AUROC ~0.82 after 2 epochs, ~0.90 after 10.)"""
     learning_rate: float = 1e-3
     """Adam's initial learning rate (CheXNet: 1e-3), per worker before ``scale_lr``."""
-    pipeline: str = "new"
+    pipeline: Pipeline = "new"
     """Training input: ``"new"`` or ``"old"`` (:mod:`chexnet_utils.input.pipelines`). Validation
     and test always use the new approach in evaluation mode."""
     seed: int = 0
@@ -181,17 +193,17 @@ class TrainConfig:
     Every process of the job calls :func:`train` with the same config."""
     scale_lr: bool = True
     """Distributed: raise the learning rate with the number of workers (``lr_scaling``)."""
-    lr_scaling: str = "linear"
+    lr_scaling: LrScaling = "linear"
     """How, with ``scale_lr``: ``"linear"`` (``lr * N`` with warm-up: Horovod's examples and
     docs, Goyal et al. 2017) or ``"sqrt"`` (``lr * sqrt(N)``: Malladi et al. 2022, an
     option); see :func:`scaled_learning_rate`."""
-    allreduce: str = "per_tensor"
+    allreduce: Allreduce = "per_tensor"
     """Distributed: ``"per_tensor"`` (one allreduce per gradient, overlapping the backward
     pass) or ``"grouped"`` (one grouped allreduce after it); see :func:`gradient_averager`."""
     warmup_epochs: float = 1.0
     """Distributed with ``scale_lr``: epochs over which the learning rate rises linearly from
     the single-worker value to the scaled one (0: no warm-up)."""
-    plateau_monitor: str = "val_loss"
+    plateau_monitor: PlateauMonitor = "val_loss"
     """What ``ReduceLROnPlateau`` watches: ``val_loss`` (smoother on small val splits) or
     ``val_mean_auroc`` (watched for a rise). Without validation: the training ``loss``."""
     plateau_patience: int = 2
@@ -222,10 +234,7 @@ class TrainConfig:
 
     def validate_values(self) -> None:
         """Raise ``ValueError`` for values that cannot work."""
-        if self.arch not in ARCHITECTURES:
-            raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {self.arch!r}")
-        if self.pipeline not in PIPELINES:
-            raise ValueError(f"pipeline must be 'new' or 'old', got {self.pipeline!r}")
+        require_choices(self)  # arch, pipeline, lr_scaling, allreduce, plateau_monitor
         for name in ("image_size", "batch_size", "epochs"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -237,17 +246,8 @@ class TrainConfig:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if not 0 < self.plateau_factor < 1:
             raise ValueError(f"plateau_factor must be in (0, 1), got {self.plateau_factor}")
-        if self.lr_scaling not in LR_SCALINGS:
-            raise ValueError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)}, "
-                             f"got {self.lr_scaling!r}")
-        if self.allreduce not in ("per_tensor", "grouped"):
-            raise ValueError("allreduce must be 'per_tensor' or 'grouped', "
-                             f"got {self.allreduce!r}")
         if self.warmup_epochs < 0:
             raise ValueError(f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
-        if self.plateau_monitor not in ("val_loss", "val_mean_auroc", "loss"):
-            raise ValueError("plateau_monitor must be 'val_loss', 'val_mean_auroc' or 'loss', "
-                             f"got {self.plateau_monitor!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly copy (paths as strings)."""
@@ -289,74 +289,78 @@ class TrainResult:
     rank: int = 0
     world_size: int = 1
     trained_checksum: str = ""
-    """:func:`weights_checksum` right after the last epoch (equal on every rank)."""
+    """:func:`weights_sha256` of the trainable weights right after the last epoch (equal on
+    every rank)."""
 
 
 # --------------------------------------------------------------------------------------------
-# train
+# train, in the order it runs: data, model, input, callbacks, fit, records, test, metrics
 # --------------------------------------------------------------------------------------------
 
-def _history_dict(history: list[dict[str, Any]]) -> dict[str, list[float]]:
-    keys: list[str] = []
-    for row in history:
-        keys += [k for k in row if k != "epoch" and k not in keys]
-    return {k: [nan_if_none(row.get(k)) for row in history] for k in keys}
+@dataclass
+class _Splits:
+    """The shards of one run and what the manifest says about them."""
+
+    counts: dict[str, int]
+    train_files: list[Path]
+    val_files: list[Path]
+    test_files: list[Path]
+    label_sums: np.ndarray
+    n_train: int
+    steps: int
+    """Optimizer steps per epoch (``steps_per_epoch``, or the train images over the global
+    batch)."""
 
 
-def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainResult:  # noqa: C901 (issue 28 item 4: broken up next)
-    """Train (or resume) CheXNet as ``config`` says; see the module docstring.
-
-    ``callbacks`` are extra Keras callbacks, run after the built-in ones (validation, LR
-    plateau, CSV, TensorBoard, checkpoint). Returns a :class:`TrainResult`; rank 0 also
-    writes ``out_dir/metrics.json``. Raises ``FileNotFoundError`` for a missing TFRecords
-    folder or weights file, ``ValueError`` for bad settings or a checkpoint of another arch.
-    """
-    import keras
-
+def _read_splits(cfg: TrainConfig, size: int) -> _Splits:
+    """The manifest's counts and label sums and the shard files each split needs."""
     from chexnet_utils.data.tfrecords import list_shards
-    from chexnet_utils.input.pipelines import accelerator_device, build_pipeline, to_accelerator
-    from chexnet_utils.model.accelerator import build_model, policy_scope, resolve_switches
-    from chexnet_utils.model.models import MeanAUROC, WeightedBCE
 
-    t_start = time.perf_counter()
-    cfg = config
-    cfg.validate_values()
-    rank, size = init_world(cfg.distributed)
-    switches = resolve_switches(cfg.mixed_precision, cfg.xla, distributed=cfg.distributed)
-    chief = rank == 0
     tfr = Path(cfg.tfrecords)
-    out = Path(cfg.out_dir)
-    ckpt_dir = out / CHECKPOINT_DIR
-    say: Callable[[str], None] = (lambda msg: print(msg, flush=True)) \
-        if chief and cfg.verbose else (lambda msg: None)
-
-    # ---- data ------------------------------------------------------------------------------
     counts = split_counts(tfr)
     train_files = list_shards(tfr, "train")
     if not train_files:
         raise ValueError(f"{tfr}: no train shards")
-    val_files = list_shards(tfr, "val") if cfg.validate else []
-    test_files = list_shards(tfr, "test") if cfg.evaluate_test else []
     label_sums, n_train = training_label_sums(tfr)
-    steps = cfg.steps_per_epoch or max(1, n_train // (cfg.batch_size * size))
+    return _Splits(counts=counts, train_files=train_files,
+                   val_files=list_shards(tfr, "val") if cfg.validate else [],
+                   test_files=list_shards(tfr, "test") if cfg.evaluate_test else [],
+                   label_sums=label_sums, n_train=n_train,
+                   steps=cfg.steps_per_epoch or max(1, n_train // (cfg.batch_size * size)))
 
-    # ---- model: fresh or from the last checkpoint ------------------------------------------
+
+def _resume_state(cfg: TrainConfig, say: Callable[[str], None]) -> dict[str, Any] | None:
+    """The last checkpoint's state when resuming and there is one; a checkpoint of another
+    architecture or image size is refused."""
+    ckpt_dir = Path(cfg.out_dir) / CHECKPOINT_DIR
     state: dict[str, Any] | None = read_state(ckpt_dir) if cfg.resume else None
     if cfg.resume and state is None:
         say(f"resume: no checkpoint in {ckpt_dir}, starting from scratch")
-    initial_epoch = int(state["epoch"]) if state else 0
-    keras.utils.set_random_seed(cfg.seed + initial_epoch)
-    loss_fn = WeightedBCE.from_label_sums(label_sums, n_train)
     if state is not None:
         for key in ("arch", "image_size"):
             if state.get(key) != getattr(cfg, key):
                 raise ValueError(f"{ckpt_dir}: the checkpoint has {key}={state.get(key)!r}, "
                                  f"the config {getattr(cfg, key)!r}; use another out_dir or "
                                  "resume=False")
+    return state
+
+
+def _load_or_build(cfg: TrainConfig, state: dict[str, Any] | None, size: int,
+                   switches: Switches, loss_fn: Any,
+                   say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+    """The model, compiled, with its gradient averager and built optimizer (so that its
+    variables exist before the broadcast), and the run's state: from the last checkpoint
+    (weights, optimizer state, learning rate) or fresh."""
+    import keras
+
+    from chexnet_utils.model.accelerator import build_model, policy_scope
+    from chexnet_utils.model.models import MeanAUROC
+
+    if state is not None:
         with policy_scope(bool(state.get("mixed_precision", False))):  # as it was saved
-            model, _ = load_checkpoint(out)
-        say(f"resumed from {ckpt_dir / LAST_NAME}: {initial_epoch} epoch(s) done, "
-            f"optimizer step {int(model.optimizer.iterations.numpy())}, "
+            model, _ = load_checkpoint(Path(cfg.out_dir))
+        say(f"resumed from {Path(cfg.out_dir) / CHECKPOINT_DIR / LAST_NAME}: {state['epoch']} "
+            f"epoch(s) done, optimizer step {int(model.optimizer.iterations.numpy())}, "
             f"learning rate {float(np.asarray(model.optimizer.learning_rate)):.3g}")
     else:
         model = build_model(cfg.arch, cfg.image_size, weights=cfg.weights,
@@ -371,146 +375,221 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     model.gradient_reducer = gradient_averager(cfg.distributed, cfg.allreduce)
     if not model.optimizer.built:  # (Keras' LossScaleOptimizer.build is not idempotent)
         model.optimizer.build(model.trainable_variables)  # variables exist before the broadcast
+    return model, state
 
-    train_ds = build_pipeline(cfg.pipeline, train_files, cfg.batch_size, cfg.image_size,
-                              training=True, num_workers=size, worker_index=rank,
-                              seed=cfg.seed + initial_epoch, shuffle_buffer=cfg.shuffle_buffer,
-                              antialias=cfg.antialias)
+
+def _training_input(cfg: TrainConfig, files: list[Path], rank: int, size: int,
+                    initial_epoch: int) -> Any:
+    """This worker's shards of the train split through the configured pipeline."""
+    from chexnet_utils.input.pipelines import accelerator_device, build_pipeline, to_accelerator
+
+    ds = build_pipeline(cfg.pipeline, files, cfg.batch_size, cfg.image_size, training=True,
+                        num_workers=size, worker_index=rank, seed=cfg.seed + initial_epoch,
+                        shuffle_buffer=cfg.shuffle_buffer, antialias=cfg.antialias)
     if cfg.pipeline == "new":  # on a GPU: batches copied to it ahead of time
-        train_ds = to_accelerator(train_ds, accelerator_device())
+        ds = to_accelerator(ds, accelerator_device())
+    return ds
 
-    # ---- callbacks -------------------------------------------------------------------------
-    C = callback_classes()
-    timer = C["EpochTimer"]()
-    cbs: list[Any] = [C["Broadcast"](cfg.distributed), timer]
-    agreement = None
+
+def _callbacks(cfg: TrainConfig, splits: _Splits, state: dict[str, Any], loss_fn: Any,
+               chief: bool, size: int, initial_epoch: int) -> tuple[list[Any], EpochTimer]:
+    """The built-in callbacks in their order (see :mod:`chexnet_utils.training.callbacks`)
+    and the epoch timer among them."""
+    import keras
+
+    from chexnet_utils.training import callbacks as cb
+
+    out = Path(cfg.out_dir)
+    timer = cb.EpochTimer()
+    cbs: list[Any] = [cb.Broadcast(cfg.distributed), timer]
     if cfg.distributed:
-        from chexnet_utils.training.horovod_keras import rank_agreement_callback
-
         # the ranks must hold the same weights before anything acts on this epoch
-        agreement = rank_agreement_callback(after_steps=2)
-        cbs += [agreement, C["MetricAverage"]()]
-        warmup_steps = int(round(cfg.warmup_epochs * steps))
+        cbs += [cb.RankAgreement(after_steps=2), cb.MetricAverage()]
+        warmup_steps = int(round(cfg.warmup_epochs * splits.steps))
         if cfg.scale_lr and size > 1 and warmup_steps > 0:
-            cbs.append(C["Warmup"](cfg.learning_rate, scaled_learning_rate(
+            cbs.append(cb.Warmup(cfg.learning_rate, scaled_learning_rate(
                 cfg.learning_rate, size, cfg.lr_scaling), warmup_steps))
-    validation = None
-    if val_files:
-        validation = C["Validation"](eval_dataset(val_files, cfg.batch_size, cfg.image_size,
-                                                   cfg.antialias), loss_fn, cfg.distributed)
-        cbs.append(validation)
-    monitor = cfg.plateau_monitor if validation is not None else "loss"
-    plateau = C["PlateauLR"](monitor=monitor,
-                             mode="max" if monitor == "val_mean_auroc" else "min",
-                             factor=cfg.plateau_factor, patience=cfg.plateau_patience,
-                             min_lr=cfg.min_lr, verbose=1 if chief and cfg.verbose else 0,
-                             initial_state=state.get("plateau"))
+    if splits.val_files:
+        cbs.append(cb.Validation(eval_dataset(splits.val_files, cfg.batch_size,
+                                              cfg.image_size, cfg.antialias),
+                                 loss_fn, cfg.distributed))
+    monitor = cfg.plateau_monitor if splits.val_files else "loss"
+    plateau = cb.PlateauLR(monitor=monitor, mode="max" if monitor == "val_mean_auroc" else "min",
+                           factor=cfg.plateau_factor, patience=cfg.plateau_patience,
+                           min_lr=cfg.min_lr, verbose=1 if chief and cfg.verbose else 0,
+                           initial_state=state.get("plateau"))
     cbs.append(plateau)
     if chief:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        (out / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
         cbs.append(keras.callbacks.CSVLogger(str(out / CSV_NAME), append=initial_epoch > 0))
         if cfg.tensorboard:
             cbs.append(keras.callbacks.TensorBoard(log_dir=str(out / TENSORBOARD_DIR),
                                                    profile_batch=cfg.profile_batch,
                                                    write_graph=False))
-    cbs.append(C["Checkpointer"](ckpt_dir, chief, state, plateau,
-                                 "val_mean_auroc" if validation is not None else None))
-    cbs += list(callbacks or [])
+    cbs.append(cb.Checkpointer(out / CHECKPOINT_DIR, chief, state, plateau,
+                               "val_mean_auroc" if splits.val_files else None))
+    return cbs, timer
 
-    # ---- fit -------------------------------------------------------------------------------
-    say(f"training {cfg.arch} at {cfg.image_size} px on {n_train} images "
-        f"({len(train_files)} shards, {cfg.pipeline} pipeline), batch {cfg.batch_size} x "
-        f"{size} worker(s), {steps} steps/epoch, epochs {initial_epoch + 1}..{cfg.epochs}")
-    t_fit = time.perf_counter()
-    if initial_epoch < cfg.epochs:
-        model.fit(train_ds, epochs=cfg.epochs, initial_epoch=initial_epoch,
-                  steps_per_epoch=steps, callbacks=cbs, verbose=cfg.verbose if chief else 0,
-                  shuffle=False)  # the pipeline shuffles
-    fit_s = time.perf_counter() - t_fit
-    trained_checksum = weights_checksum(model)  # before rank 0 loads the best epoch's weights
-    final_lr = float(np.asarray(model.optimizer.learning_rate))
+
+def _rank_records(model: Any, rank: int, distributed: bool) -> list[dict[str, Any]]:
+    """Every rank's final learning rate and trainable :func:`weights_sha256`, by rank (this rank's
+    alone without Horovod)."""
     ranks: list[dict[str, Any]] = [
-        {"rank": rank, "lr": final_lr, "trainable_sha256": trained_checksum}]
-    if cfg.distributed:  # every rank's final learning rate and weights, for the record
+        {"rank": rank, "lr": float(np.asarray(model.optimizer.learning_rate)),
+         "trainable_sha256": weights_sha256(model.trainable_weights)}]
+    if distributed:
         import horovod.tensorflow as hvd
 
         ranks = sorted(hvd.allgather_object(ranks[0], name="chexnet_rank_state"),
                        key=lambda r: r["rank"])
+    return ranks
 
-    # ---- throughput ------------------------------------------------------------------------
-    images_per_epoch = steps * cfg.batch_size * size
-    epoch_s = [s for _, s in timer.records]
+
+def _throughput(epoch_s: list[float], images_per_epoch: int) -> tuple[int, float]:
+    """Timed epochs and training images/s over them: all epochs but the first (tracing,
+    pipeline warm-up) when there is more than one."""
     timed = epoch_s[1:] if len(epoch_s) > 1 else epoch_s
-    img_per_s = images_per_epoch * len(timed) / sum(timed) if timed and sum(timed) > 0 \
-        else math.nan
+    if not timed or sum(timed) <= 0:
+        return len(timed), math.nan
+    return len(timed), images_per_epoch * len(timed) / sum(timed)
 
-    # ---- test evaluation of the best weights (rank 0) --------------------------------------
-    best_path = ckpt_dir / BEST_NAME
-    test_per_class = {name: math.nan for name in PATHOLOGIES}
-    test_mean = test_loss = math.nan
+
+def _evaluate_test(model: Any, cfg: TrainConfig, files: list[Path],
+                   loss_fn: Any) -> tuple[dict[str, float], float, float]:
+    """Per-class AUROC, mean AUROC and loss of ``model`` on the test ``files`` (NaN without
+    them)."""
+    if not files:
+        return {name: math.nan for name in PATHOLOGIES}, math.nan, math.nan
+    y_true, y_score = predict_split(model, eval_dataset(files, cfg.batch_size, cfg.image_size,
+                                                        cfg.antialias))
+    per_class = per_class_auroc(y_true, y_score)
+    return per_class, mean_auroc(per_class), loss_value(loss_fn, y_true, y_score)
+
+
+def _history_dict(history: list[dict[str, Any]]) -> dict[str, list[float]]:
+    keys: list[str] = []
+    for row in history:
+        keys += [k for k in row if k != "epoch" and k not in keys]
+    return {k: [nan_if_none(row.get(k)) for row in history] for k in keys}
+
+
+def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainResult:
+    """Train (or resume) CheXNet as ``config`` says; see the module docstring.
+
+    ``callbacks`` are extra Keras callbacks, run after the built-in ones (validation, LR
+    plateau, CSV, TensorBoard, checkpoint). Returns a :class:`TrainResult`; rank 0 also
+    writes ``out_dir/metrics.json``. Raises ``FileNotFoundError`` for a missing TFRecords
+    folder or weights file, ``ValueError`` for bad settings or a checkpoint of another arch.
+    """
+    import keras
+
+    from chexnet_utils.model.accelerator import resolve_switches
+    from chexnet_utils.model.models import WeightedBCE
+
+    t_start = time.perf_counter()
+    cfg = config
+    cfg.validate_values()
+    rank, size = init_world(cfg.distributed)
+    switches = resolve_switches(cfg.mixed_precision, cfg.xla, distributed=cfg.distributed)
+    chief = rank == 0
+    say: Callable[[str], None] = (lambda msg: print(msg, flush=True)) \
+        if chief and cfg.verbose else (lambda msg: None)
+
+    splits = _read_splits(cfg, size)
+    state = _resume_state(cfg, say)
+    initial_epoch = int(state["epoch"]) if state else 0
+    keras.utils.set_random_seed(cfg.seed + initial_epoch)
+    loss_fn = WeightedBCE.from_label_sums(splits.label_sums, splits.n_train)
+    model, state = _load_or_build(cfg, state, size, switches, loss_fn, say)
+    train_ds = _training_input(cfg, splits.train_files, rank, size, initial_epoch)
+    cbs, timer = _callbacks(cfg, splits, state, loss_fn, chief, size, initial_epoch)
+
+    say(f"training {cfg.arch} at {cfg.image_size} px on {splits.n_train} images "
+        f"({len(splits.train_files)} shards, {cfg.pipeline} pipeline), batch {cfg.batch_size} "
+        f"x {size} worker(s), {splits.steps} steps/epoch, "
+        f"epochs {initial_epoch + 1}..{cfg.epochs}")
+    t_fit = time.perf_counter()
+    if initial_epoch < cfg.epochs:
+        model.fit(train_ds, epochs=cfg.epochs, initial_epoch=initial_epoch,
+                  steps_per_epoch=splits.steps, callbacks=cbs + list(callbacks or []),
+                  verbose=cfg.verbose if chief else 0, shuffle=False)  # the pipeline shuffles
+    fit_s = time.perf_counter() - t_fit
+    ranks = _rank_records(model, rank, cfg.distributed)  # before loading the best weights
+    epoch_s = [s for _, s in timer.records]
+    timed_epochs, img_per_s = _throughput(epoch_s, splits.steps * cfg.batch_size * size)
+
+    best_path = Path(cfg.out_dir) / CHECKPOINT_DIR / BEST_NAME  # test: the best epoch (rank 0)
     t_test = time.perf_counter()
     if chief and best_path.is_file():
         model.load_weights(best_path)
-    if chief and test_files:
-        y_true, y_score = predict_split(model, eval_dataset(
-            test_files, cfg.batch_size, cfg.image_size, cfg.antialias))
-        test_per_class = per_class_auroc(y_true, y_score)
-        test_mean = mean_auroc(test_per_class)
-        test_loss = loss_value(loss_fn, y_true, y_score)
-    test_s = time.perf_counter() - t_test
-
-    history = _history_dict(state.get("history", []))
+    test_per_class, test_mean, test_loss = _evaluate_test(
+        model, cfg, splits.test_files if chief else [], loss_fn)
     timing = {"total_s": time.perf_counter() - t_start, "fit_s": fit_s,
-              "epoch_s": epoch_s, "timed_epochs": len(timed),
-              "first_epoch_s": epoch_s[0] if epoch_s else None, "test_eval_s": test_s}
+              "epoch_s": epoch_s, "timed_epochs": timed_epochs,
+              "first_epoch_s": epoch_s[0] if epoch_s else None,
+              "test_eval_s": time.perf_counter() - t_test}
     result = TrainResult(
         mean_auroc=test_mean, per_class_auroc=test_per_class, img_per_s=img_per_s,
         epochs=int(state.get("epoch", initial_epoch)), initial_epoch=initial_epoch,
         best_epoch=state.get("best_epoch"),
-        best_val_mean_auroc=nan_if_none(state.get("best_score")), history=history,
-        timing=timing, out_dir=out, metrics_path=None, model=model, test_loss=test_loss,
-        rank=rank, world_size=size, trained_checksum=trained_checksum)
-
+        best_val_mean_auroc=nan_if_none(state.get("best_score")),
+        history=_history_dict(state.get("history", [])), timing=timing,
+        out_dir=Path(cfg.out_dir), metrics_path=None, model=model, test_loss=test_loss,
+        rank=rank, world_size=size,
+        trained_checksum=next(r["trainable_sha256"] for r in ranks if r["rank"] == rank))
     if chief:
-        import tensorflow as tf
-
-        metrics = {
-            "mean_auroc": test_mean,
-            "per_class_auroc": test_per_class,
-            "n_classes_evaluated": int(sum(math.isfinite(v) for v in test_per_class.values())),
-            "test_loss": test_loss,
-            "paper_mean_auroc": CHEXNET_PAPER_MEAN_AUROC,
-            "img_per_s": img_per_s,
-            "img_per_s_per_worker": img_per_s / size,
-            "img_per_s_note": "training images/s of all workers over the timed epochs (the "
-                              "first epoch of a call with more than one is left out: tracing "
-                              "and pipeline warm-up); validation and checkpoints excluded",
-            "epochs": result.epochs,
-            "initial_epoch": initial_epoch,
-            "best_epoch": result.best_epoch,
-            "best_val_mean_auroc": result.best_val_mean_auroc,
-            "steps_per_epoch": steps,
-            "global_batch_size": cfg.batch_size * size,
-            "world_size": size,
-            "ranks": ranks,
-            "ranks_identical": len({(r["lr"], r["trainable_sha256"]) for r in ranks}) == 1,
-            "images": counts,
-            "timing": timing,
-            "config": cfg.to_dict(),
-            "history": history,
-            "checkpoints": {"last": str(ckpt_dir / LAST_NAME),
-                            "best": str(best_path) if best_path.is_file() else None},
-            "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
-            "accelerator": {"mixed_precision": switches.mixed_precision, "xla": switches.xla,
-                            "why": switches.why},
-        }
-        out.mkdir(parents=True, exist_ok=True)
-        result.metrics_path = out / METRICS_NAME
-        write_json_atomic(result.metrics_path, metrics)
+        result.metrics_path = _write_metrics(cfg, result, splits, ranks, switches)
         say(f"test mean AUROC {test_mean:.3f} over "
-            f"{metrics['n_classes_evaluated']} classes (best epoch {result.best_epoch}); "
-            f"{img_per_s:.1f} img/s; wrote {result.metrics_path}")
+            f"{sum(math.isfinite(v) for v in test_per_class.values())} classes (best epoch "
+            f"{result.best_epoch}); {img_per_s:.1f} img/s; wrote {result.metrics_path}")
     return result
+
+
+def _write_metrics(cfg: TrainConfig, result: TrainResult, splits: _Splits,
+                   ranks: list[dict[str, Any]], switches: Switches) -> Path:
+    """Write ``out_dir/metrics.json`` (rank 0): the test figures, throughput, every rank's
+    final state, the timing, config, history, checkpoints, versions and accelerator."""
+    import keras
+    import tensorflow as tf
+
+    size = result.world_size
+    ckpt_dir = Path(cfg.out_dir) / CHECKPOINT_DIR
+    best_path = ckpt_dir / BEST_NAME
+    metrics = {
+        "mean_auroc": result.mean_auroc,
+        "per_class_auroc": result.per_class_auroc,
+        "n_classes_evaluated": int(sum(math.isfinite(v)
+                                       for v in result.per_class_auroc.values())),
+        "test_loss": result.test_loss,
+        "paper_mean_auroc": CHEXNET_PAPER_MEAN_AUROC,
+        "img_per_s": result.img_per_s,
+        "img_per_s_per_worker": result.img_per_s / size,
+        "img_per_s_note": "training images/s of all workers over the timed epochs (the "
+                          "first epoch of a call with more than one is left out: tracing "
+                          "and pipeline warm-up); validation and checkpoints excluded",
+        "epochs": result.epochs,
+        "initial_epoch": result.initial_epoch,
+        "best_epoch": result.best_epoch,
+        "best_val_mean_auroc": result.best_val_mean_auroc,
+        "steps_per_epoch": splits.steps,
+        "global_batch_size": cfg.batch_size * size,
+        "world_size": size,
+        "ranks": ranks,
+        "ranks_identical": len({(r["lr"], r["trainable_sha256"]) for r in ranks}) == 1,
+        "images": splits.counts,
+        "timing": result.timing,
+        "config": cfg.to_dict(),
+        "history": result.history,
+        "checkpoints": {"last": str(ckpt_dir / LAST_NAME),
+                        "best": str(best_path) if best_path.is_file() else None},
+        "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+        "accelerator": {"mixed_precision": switches.mixed_precision, "xla": switches.xla,
+                        "why": switches.why},
+    }
+    Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+    path = Path(cfg.out_dir) / METRICS_NAME
+    write_json_atomic(path, metrics)
+    return path
 
 
 def train_on_engine(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
@@ -519,7 +598,8 @@ def train_on_engine(config: TrainConfig | dict[str, Any]) -> dict[str, Any]:
     Meant for ipyparallel MPI engines (``cluster.run(train_on_engine, cfg)``): every engine
     trains with ``distributed=True``; rank 0 prints progress (the notebook shows only rank
     0's output) and writes the files. The summary has the rank, world size, images/s,
-    test AUROC (rank 0), history and :func:`weights_checksum`, which is the same on every
+    test AUROC (rank 0), history and :func:`weights_sha256` of the trainable weights
+    (``weights_checksum``), which is the same on every
     rank when gradients were averaged and the initial state broadcast correctly.
     """
     cfg = TrainConfig(**config) if isinstance(config, dict) else config

@@ -6,7 +6,7 @@
 * :func:`eval_dataset` - the evaluation pipeline of the val and test splits (the new
   approach, no augmentation);
 * :func:`predict_split` - ``(y_true, y_score)`` over one pass of such a dataset, whose
-  exact AUROC :func:`chexnet_utils.model.models.per_class_auroc` computes;
+  exact AUROC :func:`chexnet_utils.model.auroc.per_class_auroc` computes;
 * :func:`loss_value` - a loss over a predicted split, as a float (NaN when it is empty).
 """
 

@@ -62,11 +62,14 @@ def test_canonical_keras2_recipe_averages_under_tf_keras(tmp_path):
 
 # ---- pure pieces ---------------------------------------------------------------------------
 
-def test_digests_agree_names_the_ranks_that_differ():
-    a = HK.weights_digest([np.ones((2, 3)), np.arange(4.0)])
-    b = HK.weights_digest([np.ones((2, 3)), np.arange(4.0) + 1e-7])
-    assert HK.digests_agree(np.stack([a, a, a])) == []
-    assert HK.digests_agree(np.stack([a, b, a, b])) == [1, 3]
+def test_ranks_that_differ_are_named_by_their_fingerprint():
+    from chexnet_utils.training import weights_sha256
+
+    a = weights_sha256([np.ones((2, 3)), np.arange(4.0)])
+    b = weights_sha256([np.ones((2, 3)), np.arange(4.0) + 1e-7])  # the last bit is enough
+    assert a != b and a == weights_sha256([np.ones((2, 3)), np.arange(4.0)])
+    assert HK.ranks_that_differ([a, a, a]) == []
+    assert HK.ranks_that_differ([a, b, a, b]) == [1, 3]
 
 
 def test_enqueue_spread_per_step():
@@ -86,8 +89,10 @@ def test_enqueue_spread_per_step():
 
 
 def test_nan_weights_everywhere_are_not_a_drift():
-    a = HK.weights_digest([np.array([np.nan, 1.0])])
-    assert HK.digests_agree(np.stack([a, a])) == []
+    from chexnet_utils.training import weights_sha256
+
+    a = weights_sha256([np.array([np.nan, 1.0])])
+    assert HK.ranks_that_differ([a, a]) == []
 
 
 def test_learning_rate_scaling_rules():
@@ -145,7 +150,7 @@ def _validation_logs(tfr: str, distributed: bool) -> dict:
     from chexnet_utils import training as T
     from chexnet_utils.data.tfrecords import list_shards
     from chexnet_utils.model.models import WeightedBCE, build_chexnet
-    from chexnet_utils.training.callbacks import callback_classes
+    from chexnet_utils.training.callbacks import Validation
     from chexnet_utils.training.splits import eval_dataset
 
     hvd.init()
@@ -157,8 +162,7 @@ def _validation_logs(tfr: str, distributed: bool) -> dict:
                 sub.moving_mean.assign(sub.moving_mean + 0.3 * hvd.rank())
     sums, n = T.training_label_sums(tfr)
     ds = eval_dataset(list_shards(tfr, "val") + list_shards(tfr, "test"), 8, 32, False)
-    cb = callback_classes()["Validation"](ds, WeightedBCE.from_label_sums(sums, n),
-                                             distributed)
+    cb = Validation(ds, WeightedBCE.from_label_sums(sums, n), distributed)
     cb.set_model(model)
     logs: dict = {}
     cb.on_epoch_end(0, logs)

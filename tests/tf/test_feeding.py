@@ -14,6 +14,7 @@ from PIL import Image
 
 from chexnet_utils.data import tfrecords as T
 from chexnet_utils.input import feeding as F
+from chexnet_utils.input import pydataset as P
 
 tf = pytest.importorskip("tensorflow")
 
@@ -124,7 +125,7 @@ def test_with_options_sets_what_it_says(files):
 
 @pytest.mark.parametrize("workers,mp", [(1, False), (2, True)])
 def test_pydataset_decodes_the_same_images(files, workers, mp):
-    pds = F.DecodePyDataset(files, 4, S, workers=workers, use_multiprocessing=mp)
+    pds = P.DecodePyDataset(files, 4, S, workers=workers, use_multiprocessing=mp)
     assert len(pds) == len(NAMES) // 4
     x, y = pds[0]
     assert x.shape == (4, S, S, 3) and y.shape == (4, 14)
@@ -134,7 +135,7 @@ def test_pydataset_decodes_the_same_images(files, workers, mp):
     # PIL's bilinear shrink low-pass filters first: TF's antialiased resize is its twin
     ref = np.stack([normalize(decode_resize(b, S, antialias=True)).numpy() for b in blobs])
     assert np.abs(x - ref).mean() < 0.05
-    r = F.pydataset_rate(pds)
+    r = P.pydataset_rate(pds)
     assert r["images"] == len(NAMES) and r["img_per_s"] > 0 and r["cpu_cores_used"] > 0
 
 

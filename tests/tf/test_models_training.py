@@ -17,6 +17,7 @@ import pytest
 from chexnet_utils import training as T
 from chexnet_utils.cli import main
 from chexnet_utils.data.labels import NUM_CLASSES, PATHOLOGIES
+from chexnet_utils.model import auroc as A
 from chexnet_utils.model import models as M
 from chexnet_utils.training.splits import eval_dataset
 from tests.support.datasets import synthetic_tfrecords
@@ -62,7 +63,7 @@ class Capture(keras.callbacks.Callback):
     def on_train_begin(self, logs: Any = None) -> None:
         self.begin = snapshot(self.model)
         if self.test_ds is not None:
-            self.start_auroc = M.mean_auroc(*T.predict_split(self.model, self.test_ds))
+            self.start_auroc = A.mean_auroc(*T.predict_split(self.model, self.test_ds))
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self.epochs.append(epoch)
@@ -238,7 +239,7 @@ def test_per_class_auroc_matches_pairwise_definition() -> None:
     s = np.round(rng.random((60, NUM_CLASSES)) * 0.5 + 0.3 * y, 1)  # many ties
     y[:, 5] = 0.0   # no positives
     y[:, 9] = 1.0   # no negatives
-    result = M.per_class_auroc(y, s)
+    result = A.per_class_auroc(y, s)
     assert list(result) == list(PATHOLOGIES)
     for c, name in enumerate(PATHOLOGIES):
         if c in (5, 9):
@@ -246,30 +247,30 @@ def test_per_class_auroc_matches_pairwise_definition() -> None:
         else:
             assert result[name] == pytest.approx(brute_force_auroc(y[:, c], s[:, c]))
     finite = [v for v in result.values() if not math.isnan(v)]
-    assert M.mean_auroc(result) == pytest.approx(np.mean(finite))
-    assert M.mean_auroc(y, s) == pytest.approx(np.mean(finite))
-    assert M.binary_auroc([0, 0, 1, 1], [0.1, 0.2, 0.3, 0.4]) == 1.0
-    assert M.binary_auroc([1, 1, 0, 0], [0.1, 0.2, 0.3, 0.4]) == 0.0
-    assert math.isnan(M.mean_auroc(np.zeros((3, 2)), np.ones((3, 2))))
+    assert A.mean_auroc(result) == pytest.approx(np.mean(finite))
+    assert A.mean_auroc(y, s) == pytest.approx(np.mean(finite))
+    assert A.binary_auroc([0, 0, 1, 1], [0.1, 0.2, 0.3, 0.4]) == 1.0
+    assert A.binary_auroc([1, 1, 0, 0], [0.1, 0.2, 0.3, 0.4]) == 0.0
+    assert math.isnan(A.mean_auroc(np.zeros((3, 2)), np.ones((3, 2))))
 
 
 def test_roc_curve_points_and_area() -> None:
-    fpr, tpr = M.roc_curve([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8])
+    fpr, tpr = A.roc_curve([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8])
     assert fpr.tolist() == [0.0, 0.0, 0.5, 0.5, 1.0]
     assert tpr.tolist() == [0.0, 0.5, 0.5, 1.0, 1.0]
     rng = np.random.default_rng(4)
     for _ in range(5):
         y = (rng.random(80) < 0.3).astype(float)
         s = np.round(rng.random(80) * 0.6 + 0.3 * y, 1)  # many ties
-        fpr, tpr = M.roc_curve(y, s)
+        fpr, tpr = A.roc_curve(y, s)
         assert (fpr[0], tpr[0], fpr[-1], tpr[-1]) == (0.0, 0.0, 1.0, 1.0)
         assert np.all(np.diff(fpr) >= 0) and np.all(np.diff(tpr) >= 0)
         area = float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2))
-        assert area == pytest.approx(M.binary_auroc(y, s))
-    empty = M.roc_curve([1, 1], [0.2, 0.3])
+        assert area == pytest.approx(A.binary_auroc(y, s))
+    empty = A.roc_curve([1, 1], [0.2, 0.3])
     assert empty[0].size == 0 and empty[1].size == 0
     with pytest.raises(ValueError):
-        M.roc_curve([0, 1], [0.5])
+        A.roc_curve([0, 1], [0.5])
 
 
 def brute_force_roc(t: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -293,24 +294,24 @@ def test_auroc_equals_pair_counting_and_keras_auc() -> None:
         y = (rng.random(9) < 0.4).astype(float)
         y[:2] = [0.0, 1.0]  # both classes present
         s = np.round(rng.random(9), 1)
-        assert M.binary_auroc(y, s) == pytest.approx(brute_force_auroc(y, s), abs=1e-12)
-        fpr, tpr = M.roc_curve(y, s)
+        assert A.binary_auroc(y, s) == pytest.approx(brute_force_auroc(y, s), abs=1e-12)
+        fpr, tpr = A.roc_curve(y, s)
         want_fpr, want_tpr = brute_force_roc(y, s)
         np.testing.assert_array_equal(fpr, want_fpr)
         np.testing.assert_array_equal(tpr, want_tpr)
     # undefined cases are NaN (scikit-learn raises): one class, a non-finite score; no curve
     # through a non-finite score
-    assert math.isnan(M.binary_auroc([1, 1, 1], [0.2, 0.5, 0.9]))
-    assert math.isnan(M.binary_auroc([0, 1, 1], [0.2, math.nan, 0.9]))
-    assert math.isnan(M.binary_auroc([0, 1], [-math.inf, 0.9]))
+    assert math.isnan(A.binary_auroc([1, 1, 1], [0.2, 0.5, 0.9]))
+    assert math.isnan(A.binary_auroc([0, 1, 1], [0.2, math.nan, 0.9]))
+    assert math.isnan(A.binary_auroc([0, 1], [-math.inf, 0.9]))
     with pytest.raises(ValueError, match="NaN or infinite"):
-        M.roc_curve([0, 1, 1], [0.2, math.nan, 0.9])
+        A.roc_curve([0, 1, 1], [0.2, math.nan, 0.9])
     # continuous scores: Keras' estimate with fine thresholds is within 1e-3, class by class
     n, classes = 400, 5
     y = (rng.random((n, classes)) < np.linspace(0.1, 0.5, classes)).astype(np.float32)
     s = np.clip(rng.normal(0.4 + 0.2 * y, 0.2), 0.0, 1.0).astype(np.float32)
     names = [f"c{c}" for c in range(classes)]
-    ours = M.per_class_auroc(y, s, names)
+    ours = A.per_class_auroc(y, s, names)
     theirs = []
     for c, name in enumerate(names):
         metric = keras.metrics.AUC(num_thresholds=20001)
@@ -318,12 +319,12 @@ def test_auroc_equals_pair_counting_and_keras_auc() -> None:
         theirs.append(float(metric.result()))
         assert ours[name] == pytest.approx(theirs[-1], abs=1e-3)
         assert ours[name] == pytest.approx(brute_force_auroc(y[:, c], s[:, c]), abs=1e-12)
-    assert M.mean_auroc(y, s) == pytest.approx(np.mean(theirs), abs=1e-3)
+    assert A.mean_auroc(y, s) == pytest.approx(np.mean(theirs), abs=1e-3)
     # a class without negatives: NaN, and left out of the mean
     y[:, 2] = 1.0
-    ours = M.per_class_auroc(y, s, names)
+    ours = A.per_class_auroc(y, s, names)
     assert math.isnan(ours["c2"])
-    assert M.mean_auroc(ours) == pytest.approx(
+    assert A.mean_auroc(ours) == pytest.approx(
         np.mean([v for k, v in ours.items() if k != "c2"]))
 
 
@@ -334,9 +335,9 @@ def test_keras_mean_auroc_metric_and_paper_figures() -> None:
     assert float(metric.result()) == pytest.approx(1.0, abs=1e-3)
     again = M.MeanAUROC.from_config(metric.get_config())
     assert again.multi_label and again.num_labels == 2 and again.name == "mean_auroc"
-    assert list(M.CHEXNET_PAPER_AUROC) == list(PATHOLOGIES)
-    assert np.mean(list(M.CHEXNET_PAPER_AUROC.values())) == pytest.approx(
-        M.CHEXNET_PAPER_MEAN_AUROC, abs=5e-4)
+    assert list(A.CHEXNET_PAPER_AUROC) == list(PATHOLOGIES)
+    assert np.mean(list(A.CHEXNET_PAPER_AUROC.values())) == pytest.approx(
+        A.CHEXNET_PAPER_MEAN_AUROC, abs=5e-4)
 
 
 # --------------------------------------------------------------------------------------------
@@ -437,8 +438,7 @@ def test_train_is_bit_for_bit_repeatable_with_op_determinism(tfr_dir: Path,
         disable_op_determinism()
     assert not tf_config.is_op_determinism_enabled()
     assert runs[0].trained_checksum == runs[1].trained_checksum
-    assert T.weights_checksum(runs[0].model, trainable_only=False) == \
-        T.weights_checksum(runs[1].model, trainable_only=False)
+    assert T.weights_sha256(runs[0].model.weights) == T.weights_sha256(runs[1].model.weights)
 
 
 def test_config_validation(tfr_dir: Path, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Tests for chexnet_utils.platform.checks: the shared "must be >= N" argument guard."""
+"""Tests for chexnet_utils.platform.checks: the "must be >= N" guard and the Literal
+options (with the CLI's train options derived from them)."""
 
 from __future__ import annotations
 
@@ -18,3 +19,63 @@ def test_first_value_below_the_minimum_is_named():
         require_at_least(1, batch_size=4, num_workers=0, image_size=-1)
     with pytest.raises(ValueError, match=r"^size must be >= 16, got 15$"):
         require_at_least(16, size=15)
+
+
+# --- string options as Literal types, checked in one place; the CLI's train options from them ---
+
+def test_literal_fields_and_their_values_come_from_the_types():
+    from chexnet_utils.platform.checks import literal_choices
+    from chexnet_utils.training import PIPELINES, TrainConfig
+
+    choices = literal_choices(TrainConfig)
+    assert list(choices) == ["arch", "pipeline", "lr_scaling", "allreduce", "plateau_monitor"]
+    assert choices["arch"] == ("densenet121", "resnet50", "small")
+    assert choices["pipeline"] == PIPELINES == ("new", "old")
+    assert choices["allreduce"] == ("per_tensor", "grouped")
+
+
+@pytest.mark.parametrize("field, bad", [("arch", "vgg16"), ("pipeline", "fast"),
+                                        ("lr_scaling", "cubic"), ("allreduce", "tree"),
+                                        ("plateau_monitor", "val_acc")])
+def test_a_value_outside_its_literal_is_refused_by_name(field, bad):
+    from chexnet_utils.training import TrainConfig
+
+    cfg = TrainConfig(tfrecords="t", out_dir="o", **{field: bad})
+    with pytest.raises(ValueError, match=rf"^{field} must be one of .*; got '{bad}'$"):
+        cfg.validate_values()
+    TrainConfig(tfrecords="t", out_dir="o").validate_values()  # the defaults pass
+
+
+def test_train_command_options_take_type_default_and_choices_from_train_config():
+    import dataclasses
+
+    from chexnet_utils import cli
+    from chexnet_utils.training import TrainConfig
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["train", "--tfrecords", "t", "--out", "o", "--arch", "small",
+                              "--epochs", "3"])
+    cfg = TrainConfig(**{name: getattr(args, name) for name in cli.TRAIN_OPTIONS})
+    defaults = TrainConfig(tfrecords="t", out_dir="o", arch="small", epochs=3)
+    assert cfg == defaults  # every default equals the dataclass's, nothing copied by hand
+    assert {f.name for f in dataclasses.fields(TrainConfig)} >= set(cli.TRAIN_OPTIONS)
+    args = parser.parse_args(["train", "--tfrecords", "t", "--out", "o", "--arch", "resnet50",
+                              "--epochs", "2", "--lr", "0.01", "--image-size", "224",
+                              "--steps-per-epoch", "5", "--weights", "w.h5", "--horovod",
+                              "--resume", "--pipeline", "old"])
+    cfg = TrainConfig(**{name: getattr(args, name) for name in cli.TRAIN_OPTIONS})
+    assert (cfg.learning_rate, cfg.image_size, cfg.steps_per_epoch, cfg.weights,
+            cfg.distributed, cfg.resume, cfg.pipeline) == (0.01, 224, 5, "w.h5", True, True,
+                                                           "old")
+    assert isinstance(cfg.learning_rate, float) and isinstance(cfg.image_size, int)
+
+
+@pytest.mark.parametrize("argv", [["--arch", "vgg16"], ["--pipeline", "fast"],
+                                  ["--epochs", "two"]])
+def test_train_command_refuses_values_its_config_would(argv, capsys):
+    from chexnet_utils import cli
+
+    base = ["train", "--tfrecords", "t", "--out", "o", "--arch", "small", "--epochs", "1"]
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(base + argv)
+    assert e.value.code == 2 and "invalid" in capsys.readouterr().err

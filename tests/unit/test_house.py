@@ -45,7 +45,7 @@ LESSON_APIS: dict[str, tuple[str, ...]] = {
                                   "keras.metrics.AUC", "keras.callbacks.Callback",
                                   "tape.gradient(", "[v.value for v in", "apply_gradients",
                                   "CSVLogger", "profile_batch", "enable_op_determinism",
-                                  "training.train(", "weights_checksum", "explain.grad_cam"),
+                                  "training.train(", "weights_sha256", "explain.grad_cam"),
     "04_distributed_training_horovod": ("%%px", "hvd.init()", "hvd.local_rank()", "hvd.size()",
                                         "hvd.DistributedGradientTape", "hvd.broadcast_variables",
                                         "hvd.keras.DistributedOptimizer", "apply_async",

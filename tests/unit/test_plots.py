@@ -76,7 +76,7 @@ def test_training_figures_draw(tmp_path):
     y = (rng.random((50, len(PATHOLOGIES))) < 0.3).astype(float)
     y[:, -1] = 0.0  # Hernia: no positives
     s = rng.random(y.shape) + 0.5 * y
-    from chexnet_utils.model.models import CHEXNET_PAPER_AUROC
+    from chexnet_utils.model.auroc import CHEXNET_PAPER_AUROC
 
     roc = plots.roc_curves(y, s, reference=CHEXNET_PAPER_AUROC)
     titles = [ax.get_title() for ax in roc.axes]
