@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -41,8 +40,6 @@ if TYPE_CHECKING:
 
 PROJECT_KERNEL = "chexnet-at-scale"
 """Name of the kernel ``scripts/setup.sh`` registers (``KERNEL_NAME`` there)."""
-PROJECT_KERNEL_DISPLAY = "Python (chexnet-at-scale)"
-"""Its display name, as the kernel selector shows it."""
 LOOPBACK = "127.0.0.1"
 MPI_PROFILE = "chexnet-mpi"
 """The ipyparallel profile the IPython Parallel sidebar offers for Horovod-ready MPI engines."""
@@ -153,7 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     the IPython folder and this environment's JupyterLab defaults (:func:`install_mpi_profile`,
     :func:`install_lab_overrides`). Returns the server's exit status (143 after SIGTERM).
     """
-    from chexnet_utils.platform.processes import command_lifetime, exit_status, interruption
+    from chexnet_utils.platform.processes import (
+        command_lifetime,
+        exit_status,
+        interruption,
+        stop_processes,
+    )
 
     args = list(sys.argv[1:] if argv is None else argv)
     root = "notebooks"
@@ -183,12 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt as e:  # Ctrl-C (the server got it too) or SIGTERM
             if server is None:
                 return exit_status(e)
-            server.send_signal(signal.SIGTERM)  # Jupyter stops its kernels, then itself
-            try:
-                server.wait(SHUTDOWN_WAIT_S + 10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            # SIGTERM: Jupyter stops its kernels, then itself (SIGKILL if it takes too long)
+            stop_processes([server], SHUTDOWN_WAIT_S + 10)
             print(f"\ninterrupted by {interruption(e)}: JupyterLab and its kernels stopped",
                   file=sys.stderr, flush=True)
             return exit_status(e)

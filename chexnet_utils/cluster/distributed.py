@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.hardware.devices import cpu_thread_budget, usable_cores
@@ -142,17 +141,17 @@ def mpirun_command(
     return cmd + argv
 
 
-def launcher_command(launcher: str, n_procs: int, argv: Sequence[str]) -> list[str]:
-    """The command that runs ``argv`` on ``n_procs`` processes of this machine under
-    ``"mpirun"`` (:func:`mpirun_command`) or ``"horovodrun"`` (this environment's, with
-    ``-H localhost:N``); ``argv`` starting with ``python`` runs this interpreter."""
-    if launcher == "mpirun":
-        return mpirun_command(n_procs, argv)
-    if launcher != "horovodrun":
-        raise ValueError(f"launcher must be 'mpirun' or 'horovodrun', got {launcher!r}")
-    args = [sys.executable, *argv[1:]] if argv and argv[0] == "python" else list(argv)
-    return [str(Path(sys.executable).parent / "horovodrun"), "-np", str(n_procs), "-H",
-            f"localhost:{n_procs}", *args]
+def engine_died(e: BaseException) -> bool:
+    """Whether ``e``, raised by an ipyparallel result, says an engine died: ipyparallel's
+    ``EngineError``, also as a remote error or one of a ``CompositeError``'s
+    (``ipyparallel/error.py``, 9.2)."""
+    from ipyparallel import error
+
+    if isinstance(e, error.EngineError):
+        return True
+    if isinstance(e, error.CompositeError):
+        return any(ename == "EngineError" for ename, *_ in e.elist)
+    return isinstance(e, error.RemoteError) and e.ename == "EngineError"
 
 
 def rank_info() -> dict[str, object]:
@@ -680,7 +679,7 @@ class MPICluster:
                 results = list(ar.get())
                 return [results[i] for i in order] if len(order) == len(results) else results
             except Exception as e:
-                if "EngineError" in type(e).__name__ or "died" in str(e):
+                if engine_died(e):
                     raise EngineFailure(f"an engine died: {e}") from e
                 raise
         except KeyboardInterrupt:

@@ -40,7 +40,7 @@ from typing import Any
 
 from chexnet_utils.cluster.distributed import check_listen_address
 from chexnet_utils.platform.atomic import make_private
-from chexnet_utils.platform.processes import wait_gone
+from chexnet_utils.platform.processes import stop_processes
 
 
 def boot_id() -> str:
@@ -190,7 +190,6 @@ class RemoteEngines:
     def stop(self, timeout: float = 10) -> list[int]:
         """Shut engines and controller down, kill stragglers, delete the keys; returns the pids
         still alive afterwards (``[]`` when all is gone)."""
-        import psutil
 
         if self.client is not None:
             try:
@@ -199,30 +198,20 @@ class RemoteEngines:
                 pass
             self.client.close()
             self.client = None
-        for proc in self.engines:
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=timeout)
+        stop_processes(self.engines, timeout, sig=None)  # told to stop by the shutdown above
         if self.cluster is not None:
             try:
                 self.cluster.stop_cluster_sync()
             except Exception:
                 pass
             self.cluster = None
-        leftovers = wait_gone(self._local, 0)
-        for proc in leftovers:
-            try:
-                proc.kill()   # psutil: only if it is still the process captured at start
-            except psutil.NoSuchProcess:
-                pass
-        still = wait_gone(leftovers, timeout)
+        # stragglers: SIGKILL now (psutil: only if still the process captured at start)
+        still = stop_processes(self._local, 0, sig=None)
         if self.profile_dir is not None:
             shutil.rmtree(self.profile_dir, ignore_errors=True)
             self.profile_dir = None
         self.engines, self.view, self._local = [], None, []
-        return [p.pid for p in still]
+        return still
 
     def __enter__(self) -> RemoteEngines:
         return self.start()

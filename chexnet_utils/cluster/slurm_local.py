@@ -83,6 +83,16 @@ from chexnet_utils.cluster.slurm_access import (
 )
 from chexnet_utils.platform.atomic import write_json_atomic, write_text_atomic
 from chexnet_utils.platform.ports import free_ports
+from chexnet_utils.platform.processes import (
+    LIFELINE_ENV,
+    alive,
+    descendants,
+    lifeline_tokens,
+    pid_alive,
+    release_watchdog,
+    start_watchdog,
+    stop_processes,
+)
 
 NODE_NAME = "chexnet-node"
 PARTITION = "debug"
@@ -261,8 +271,6 @@ class LocalSlurm:
         hardware = node_hardware()
         # A killed kernel (SIGKILL: no atexit) must not leave the daemons either: they carry
         # this Slurm's lifeline token, and a watchdog stops them when this process dies.
-        from chexnet_utils.platform.processes import LIFELINE_ENV, lifeline_tokens, start_watchdog
-
         self.lifeline = f"slurm-{os.getpid()}-{secrets.token_hex(4)}"
         self._watchdog = start_watchdog(os.getpid(), self.lifeline)
         env = {**self.env, LIFELINE_ENV: ",".join([*lifeline_tokens(), self.lifeline])}
@@ -359,9 +367,7 @@ class LocalSlurm:
         for name in names:
             pid = self.daemon_pids.pop(name, None)
             if pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                self._wait_pids([pid], 5)
+                self._stop_pids([pid], 0, sig=None)  # SIGKILL at once, wait for it
         write_json_atomic(self.state / "pids.json", self.daemon_pids)
 
     def _spawn(self, name: str, args: Sequence[str], env: Mapping[str, str]) -> None:
@@ -387,8 +393,6 @@ class LocalSlurm:
         tails when a daemon exits, when the text the daemons logged since ``logs`` (sizes,
         :meth:`_log_sizes`) says a port is taken (slurmctld retries that for about 10 s
         before it exits), or after ``start_timeout``."""
-        from chexnet_utils.platform.processes import pid_alive
-
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             dead = [n for n, p in self.daemon_pids.items() if not pid_alive(p)]
@@ -417,8 +421,6 @@ class LocalSlurm:
         carry its ``SLURM_CONF``, and all their descendants (job scripts, tasks)."""
         import psutil
 
-        from chexnet_utils.platform.processes import alive, descendants
-
         found = set()
         for name, pid in self.daemon_pids.items():  # a stale pids.json: the pid may be reused
             try:
@@ -441,14 +443,8 @@ class LocalSlurm:
         Raises :class:`~chexnet_utils.cluster.slurm.SlurmError` naming any pid still alive after
         SIGKILL. Removes the state folder when it was a temporary one.
         """
-        import psutil
-
-        from chexnet_utils.platform.processes import wait_gone
-
         if self.state is None:
             return
-        from chexnet_utils.platform.processes import pid_alive
-
         ctld = self.daemon_pids.get("slurmctld")
         if ctld is not None and pid_alive(ctld):
             S.run_slurm(["scancel", "--user", str(os.getuid())], env=self.env, check=False,
@@ -461,26 +457,8 @@ class LocalSlurm:
         for name in ("slurmd", "slurmctld", "munged"):
             pid = self.daemon_pids.get(name)
             if pid is not None and pid in left:
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-                self._wait_pids([pid], self.stop_timeout)
-        for attempt in (signal.SIGTERM, signal.SIGKILL):
-            left = self.processes()
-            for pid in left:
-                try:
-                    os.kill(pid, attempt)
-                except ProcessLookupError:
-                    pass
-            self._wait_pids(left, 5)
-        procs = []
-        for pid in self.processes():
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
-        still = [p.pid for p in wait_gone(procs, 2)]
+                self._stop_pids([pid], self.stop_timeout)
+        still = self._stop_pids(self.processes(), 5)  # then anything else carrying our conf
         if still:
             raise S.SlurmError(f"Slurm processes still running after SIGKILL: {still}")
         (self.state / "pids.json").unlink(missing_ok=True)
@@ -488,8 +466,6 @@ class LocalSlurm:
             shutil.rmtree(self.state, ignore_errors=True)
         self.daemon_pids = {}
         atexit.unregister(self._stop_at_exit)
-        from chexnet_utils.platform.processes import release_watchdog
-
         release_watchdog(self._watchdog)   # nothing carries the token any more
         self._watchdog = self.lifeline = None
 
@@ -516,12 +492,14 @@ class LocalSlurm:
         out = S.run_slurm(["squeue", "-h", "-o", "%i"], env=self.env, check=False, timeout=10)
         return out.returncode == 0 and bool(out.stdout.strip())
 
-    def _wait_pids(self, pids: Sequence[int], timeout: float) -> None:
-        from chexnet_utils.platform.processes import wait_pids_gone
-
-        wait_pids_gone(pids, timeout, poll=0.05)
-        for proc in self._popens:  # reap the daemons this process started
+    def _stop_pids(self, pids: Sequence[int], grace: float,
+                   sig: int | None = signal.SIGTERM) -> list[int]:
+        """:func:`~chexnet_utils.platform.processes.stop_processes`, then reap the daemons
+        this process started; returns the pids still running."""
+        still = stop_processes(pids, grace, sig)
+        for proc in self._popens:
             proc.poll()
+        return still
 
     @classmethod
     def attach(cls, state_dir: str | os.PathLike[str]) -> "LocalSlurm":

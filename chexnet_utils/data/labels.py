@@ -7,7 +7,7 @@ The names are spelled exactly as NIH's ``Data_Entry_2017.csv`` spells them (note
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -89,14 +89,6 @@ def multihot_to_labels(vector: Sequence[float] | np.ndarray) -> str:
         raise ValueError(f"expected a vector of {NUM_CLASSES} values, got {arr.shape[0]}")
     present = [name for name, v in zip(PATHOLOGIES, arr, strict=True) if v >= 0.5]
     return LABEL_SEPARATOR.join(present) if present else NO_FINDING
-
-
-def multihot_matrix(finding_labels: Iterable[str]) -> np.ndarray:
-    """Stack :func:`labels_to_multihot` over many rows: shape ``(n, 14)``, float32."""
-    rows = [labels_to_multihot(f) for f in finding_labels]
-    if not rows:
-        return np.zeros((0, NUM_CLASSES), dtype=np.float32)
-    return np.stack(rows)
 
 
 # NIH ChestX-ray14 (Data_Entry_2017.csv): images carrying each label, out of 112,120.

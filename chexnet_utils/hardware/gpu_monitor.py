@@ -141,17 +141,6 @@ class UtilisationSampler:
         self.stop()
 
 
-def sample_during(fn: Callable[..., Any], *args: Any, interval: float = 0.1,
-                  gpus: Sequence[int] | None = None, nvml: Any | None = None,
-                  clock: Callable[[], float] = time.perf_counter,
-                  **kwargs: Any) -> tuple[Any, list[Sample]]:
-    """Run ``fn(*args, **kwargs)`` while sampling; return ``(its result, the samples)``.
-    ``interval``, ``gpus``, ``nvml`` and ``clock`` as in :class:`UtilisationSampler`."""
-    with UtilisationSampler(interval, gpus, nvml, clock) as sampler:
-        result = fn(*args, **kwargs)
-    return result, sampler.samples
-
-
 def summarise(samples: Sequence[Sample], idle_below: float = 10.0) -> dict[str, float]:
     """Mean utilisation, share of readings below ``idle_below`` % (the GPU waiting), the
     largest memory in use, and how many readings."""

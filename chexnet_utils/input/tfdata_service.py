@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.platform.exposure import require_private_network
-from chexnet_utils.platform.processes import set_parent_death_signal, wait_gone
+from chexnet_utils.platform.processes import set_parent_death_signal, stop_processes
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -274,25 +274,9 @@ class TFDataService:
         wait until all are gone and their ports closed. Returns ``{"stopped": pids,
         "left": pids still running, "open_ports": ports still accepting}`` (both lists
         empty after a clean stop). Safe to call twice."""
-        import psutil
-
         procs = list(reversed(self.processes))
+        left = stop_processes([p.popen for p in procs], timeout)
         for p in procs:
-            if p.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    p.popen.terminate()
-        ps = []
-        for p in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                ps.append(psutil.Process(p.pid))
-        left = wait_gone(ps, timeout)
-        for q in left:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                q.kill()
-        left = wait_gone(left, 5.0)
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.popen.wait(timeout=1.0)
             if p.popen.stdout is not None:
                 p.popen.stdout.close()
         deadline = time.monotonic() + 5.0
@@ -301,7 +285,7 @@ class TFDataService:
             open_ports = [port for port in open_ports if port_open(port)]
             if open_ports:
                 time.sleep(0.1)
-        report = {"stopped": [p.pid for p in procs], "left": [q.pid for q in left],
+        report = {"stopped": [p.pid for p in procs], "left": left,
                   "open_ports": open_ports}
         self.dispatcher, self.workers = None, []
         return report

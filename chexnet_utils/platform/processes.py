@@ -16,6 +16,8 @@ Three pieces, used by every command that starts processes (``python -m chexnet_u
 - :func:`worker_init`, the initializer of the package's multiprocessing pools: SIGTERM back
   to its default action (a worker never ignores it) and a parent-death signal, so a worker
   dies with its parent even when it is blocked in C code.
+- :func:`stop_processes`: the one terminate-then-kill (SIGTERM, a grace period, SIGKILL,
+  reaped) on ``psutil``, used by every ``stop()`` that ends processes it started;
 - :func:`pid_alive`, :func:`descendants`: small process-table queries shared by the
   package, the tests and the notebooks.
 
@@ -168,6 +170,37 @@ def stop_within(procs: list[Any], timeout: float,
         except psutil.NoSuchProcess:
             pass
     wait_gone(alive, timeout=5)
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[Any] | int | Any], grace: float,
+                   sig: int | None = signal.SIGTERM) -> list[int]:
+    """Stop ``procs`` (``subprocess.Popen`` objects, ``psutil.Process`` ones or pids): send ``sig``
+    (SIGTERM; ``None``: they were already told to stop) to those still running, wait up to
+    ``grace`` s, SIGKILL the rest (:func:`stop_within`) and reap the ``Popen`` ones, so no
+    zombie is left. Returns the pids still running after that (``[]`` normally).
+
+    The one terminate-then-kill of the package: each process is captured as a
+    ``psutil.Process`` first (a pid: here), so a pid reused after that is never signalled."""
+    import psutil
+
+    procs = list(procs)
+    captured = []
+    for proc in procs:
+        if isinstance(proc, subprocess.Popen) and proc.poll() is not None:
+            continue  # exited and reaped: its pid may belong to somebody else by now
+        with contextlib.suppress(psutil.NoSuchProcess):
+            captured.append(proc if isinstance(proc, psutil.Process) else
+                            psutil.Process(proc if isinstance(proc, int) else proc.pid))
+    for proc in captured:
+        if sig is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(sig)
+    stop_within(captured, grace)
+    for proc in procs:
+        if isinstance(proc, subprocess.Popen):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1.0)
+    return [proc.pid for proc in wait_gone(captured, 0)]
 
 
 def descendants(pid: int) -> list[int]:

@@ -271,10 +271,22 @@ def allreduce_enqueue_spread(mode: str, path: str, steps: int = 4, image_size: i
 
 
 def error_line(exc: BaseException, name: str) -> str:
-    """The line of ``exc``'s text (for an engine's error: the remote traceback ipyparallel
-    passes on) that names ``name`` (e.g. ``"RanksDiverged"``), else the first line."""
+    """``"<name>: <message>"`` of the engine error named ``name`` (e.g. ``"RanksDiverged"``)
+    among those ipyparallel passes on in ``exc`` (a ``RemoteError``, or a ``CompositeError``
+    of one per engine: their ``ename`` and ``evalue``); else the first line of ``exc``."""
+    from ipyparallel import error
+
+    if isinstance(exc, error.CompositeError):
+        remote = [(ename, evalue) for ename, evalue, *_ in exc.elist]
+    elif isinstance(exc, error.RemoteError):
+        remote = [(exc.ename, exc.evalue)]
+    else:
+        remote = [(type(exc).__name__, str(exc))]
+    for ename, evalue in remote:
+        if ename == name:
+            return f"{ename}: {evalue}"
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return next((line for line in lines if name in line), lines[0] if lines else repr(exc))
+    return lines[0] if lines else repr(exc)
 
 
 # ---- notebook 04's conversion exercise -------------------------------------------------------

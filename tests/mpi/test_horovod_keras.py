@@ -17,11 +17,11 @@ import pytest
 
 from chexnet_utils.cluster.distributed import (
     MPICluster,
-    launcher_command,
     mpi_environment,
     mpirun_command,
 )
 from chexnet_utils.training import horovod_keras as HK
+from tests.support.scripts import launcher_command
 
 pytestmark = pytest.mark.mpi
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

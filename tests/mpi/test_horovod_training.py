@@ -103,7 +103,8 @@ def test_train_cli_runs_unchanged_under_mpirun(hvd_tfrecords, tmp_path):
     launcher is proven once, not each job under both)."""
     import subprocess
 
-    from chexnet_utils.cluster.distributed import launcher_command, mpi_environment
+    from chexnet_utils.cluster.distributed import mpi_environment
+    from tests.support.scripts import launcher_command
 
     out = tmp_path / "run"
     argv = ["python", "-m", "chexnet_utils", "train", "--horovod",

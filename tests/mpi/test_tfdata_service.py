@@ -26,6 +26,7 @@ from chexnet_utils.input.tfdata_service import (
     port_open,
 )
 from chexnet_utils.platform.processes import alive, pid_alive
+from tests.support.datasets import write_records
 
 tf = pytest.importorskip("tensorflow")
 
@@ -39,7 +40,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     for s in range(N_SHARDS):
         recs = [T.make_example(b"not-an-image", "png", 1, 1, [0.0] * 14, NAMES[i], i)
                 for i in range(s * PER_SHARD, (s + 1) * PER_SHARD)]
-        T.write_records(root / T.shard_name("train", s, N_SHARDS), recs)
+        write_records(root / T.shard_name("train", s, N_SHARDS), recs)
     return [str(f) for f in T.list_shards(root, "train")]
 
 

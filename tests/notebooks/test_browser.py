@@ -27,7 +27,6 @@ from chexnet_utils.lab import (
     LAB_OVERRIDES,
     MPI_PROFILE,
     PROJECT_KERNEL,
-    PROJECT_KERNEL_DISPLAY,
     SIDEBAR_ENGINES,
     install_lab_overrides,
     install_mpi_profile,
@@ -35,7 +34,7 @@ from chexnet_utils.lab import (
     main,
 )
 from tests.notebooks.conftest import NOTEBOOKS
-from tests.support.lab_server import heading_text, notebook_title
+from tests.support.lab_server import PROJECT_KERNEL_DISPLAY, heading_text, notebook_title
 
 TIMEOUT_MS = 90_000   # per notebook: JupyterLab's first load on a busy 2-core machine
 

@@ -42,9 +42,9 @@ from urllib.parse import quote
 import psutil
 import pytest
 
-from chexnet_utils.lab import MPI_PROFILE, PROJECT_KERNEL, PROJECT_KERNEL_DISPLAY
+from chexnet_utils.lab import MPI_PROFILE, PROJECT_KERNEL
 from tests.notebooks.conftest import CULL_IDLE_S, CULL_INTERVAL_S
-from tests.support.lab_server import LabServer, notebook_title
+from tests.support.lab_server import PROJECT_KERNEL_DISPLAY, LabServer, notebook_title
 from tests.support.proctree import ProcessTree, cmdline_of
 
 pytestmark = pytest.mark.slow

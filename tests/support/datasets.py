@@ -9,19 +9,23 @@ place that makes them.
 
 ``make_dataset(root)`` writes a tiny NIH-layout folder with PIL (CSV, split lists,
 ``images_001/images/*.png``); ``read_all``, ``shard_bytes`` and ``split_lines`` read a
-conversion's output back for the TFRecords tests.
+conversion's output back for the TFRecords tests; ``write_records`` writes hand-made records
+as one shard and ``multihot_matrix`` stacks label rows (what only the tests need).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from chexnet_utils.data import tfrecords as T
+from chexnet_utils.data.labels import NUM_CLASSES, labels_to_multihot
 from chexnet_utils.data.nih import (
     CSV_NAME,
     TEST_LIST,
@@ -30,6 +34,7 @@ from chexnet_utils.data.nih import (
     write_data_entry,
     write_split_list,
 )
+from chexnet_utils.data.tfrecords.wire import frame_record
 
 
 def synthetic_tfrecords(root: Path, n: int, size: int, shard_size: int, seed: int = 0) -> Path:
@@ -109,3 +114,22 @@ def split_lines(summary: str) -> dict[str, str]:
     """The per-split lines of ConversionResult.summary()."""
     return {m.group(1): m.group(0) for m in re.finditer(r"^  (train|val|test) .*$", summary,
                                                         re.MULTILINE)}
+
+
+def multihot_matrix(finding_labels: Iterable[str]) -> np.ndarray:
+    """Stack :func:`labels_to_multihot` over many rows: shape ``(n, 14)``, float32."""
+    rows = [labels_to_multihot(f) for f in finding_labels]
+    if not rows:
+        return np.zeros((0, NUM_CLASSES), dtype=np.float32)
+    return np.stack(rows)
+
+
+def write_records(path: Path | str, records: Iterable[bytes]) -> str:
+    """Write records to ``path`` (not atomically); returns the sha256 of the file."""
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        for data in records:
+            chunk = frame_record(data)
+            digest.update(chunk)
+            f.write(chunk)
+    return digest.hexdigest()

@@ -40,6 +40,10 @@ from chexnet_utils.lab import (
 )
 from chexnet_utils.platform.ports import free_port
 
+PROJECT_KERNEL_DISPLAY = "Python (chexnet-at-scale)"
+"""The display name ``scripts/setup.sh`` gives the project's kernel, as the kernel selector
+shows it."""
+
 _INLINE = [
     (re.compile(r"!\[([^\]]*)\]\([^)]*\)"), r"\1"),   # images -> alt text
     (re.compile(r"\[([^\]]*)\]\([^)]*\)"), r"\1"),    # links -> their text

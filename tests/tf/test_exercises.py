@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from chexnet_utils.notebook import exercises
+from tests.support.datasets import write_records
 
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
@@ -207,7 +208,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
             Image.fromarray(a).save(buf, format="PNG")
             records.append(T.make_example(buf.getvalue(), "png", PX, PX, [0.0] * 14,
                                           f"{i + 1:08d}_000.png", i))
-        T.write_records(root / T.shard_name("train", s, N_SHARDS), records)
+        write_records(root / T.shard_name("train", s, N_SHARDS), records)
     return T.list_shards(root, "train")
 
 

@@ -15,6 +15,7 @@ from PIL import Image
 from chexnet_utils.data import tfrecords as T
 from chexnet_utils.input import feeding as F
 from chexnet_utils.input import pydataset as P
+from tests.support.datasets import write_records
 
 tf = pytest.importorskip("tensorflow")
 
@@ -39,7 +40,7 @@ def tfr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         lab = [0.0] * 14
         recs = [T.make_example(png(i), "png", PX, PX, lab, NAMES[i], i)
                 for i in range(s * PER, (s + 1) * PER)]
-        T.write_records(root / T.shard_name("train", s, N_SHARDS), recs)
+        write_records(root / T.shard_name("train", s, N_SHARDS), recs)
     return root
 
 

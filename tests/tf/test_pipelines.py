@@ -17,6 +17,7 @@ from chexnet_utils.bench import benchmark as B
 from chexnet_utils.cli import main
 from chexnet_utils.data import tfrecords as T
 from chexnet_utils.input import pipelines as P
+from tests.support.datasets import write_records
 
 tf = pytest.importorskip("tensorflow")
 
@@ -60,7 +61,7 @@ def tfr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         records = [T.make_example(png(example_image(i)), "png", SOURCE_PX, SOURCE_PX,
                                   label_of(i), name_of(i), 1000 + i)
                    for i in range(s * per, (s + 1) * per)]
-        T.write_records(root / T.shard_name("train", s, N_SHARDS), records)
+        write_records(root / T.shard_name("train", s, N_SHARDS), records)
     return root
 
 

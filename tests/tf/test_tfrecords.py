@@ -15,7 +15,7 @@ from chexnet_utils.cli import main
 from chexnet_utils.data import tfrecords as T
 from chexnet_utils.data.labels import labels_to_multihot
 from chexnet_utils.data.nih import NIHDataset
-from tests.support.datasets import image_path, make_dataset, read_all, split_lines
+from tests.support.datasets import image_path, make_dataset, read_all, split_lines, write_records
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_records_with_long_data_read_by_tf(tmp_path, tf):
     records = [rng.integers(0, 256, n, dtype=np.uint8).tobytes()
                for n in (0, 1, 3, 4, 5, 255, 256, 257, 1000, 4095, 65536, 100_003)]
     path = tmp_path / "crc.tfrecord"
-    T.write_records(path, records)
+    write_records(path, records)
     assert [r.numpy() for r in tf.data.TFRecordDataset(str(path))] == records
 
 
@@ -67,7 +67,7 @@ def test_examples_are_wire_compatible_with_tensorflow(tf):
 def test_record_framing_read_by_tf_and_corruption_detected(tmp_path, tf):
     path = tmp_path / "x.tfrecord"
     records = [b"", b"a", os.urandom(70_000)]
-    T.write_records(path, records)
+    write_records(path, records)
     assert [r.numpy() for r in tf.data.TFRecordDataset(str(path))] == records
     assert list(T.read_records(path)) == records
     raw = bytearray(path.read_bytes())

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from chexnet_utils.data.tfrecords import wire
+from tests.support.datasets import write_records
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def test_record_written_by_wire_parsed_by_parse_single_example(tmp_path, tf):
     label[[0, 13]] = 1.0
     png = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 100
     path = tmp_path / "one.tfrecord"
-    wire.write_records(path, [wire.make_example(png, "png", 1024, 512, label,
+    write_records(path, [wire.make_example(png, "png", 1024, 512, label,
                                                 "00030805_000.png", 30805)])
     (record,) = list(tf.data.TFRecordDataset(str(path)))
     ex = tf.io.parse_single_example(record, wire.feature_spec())
@@ -67,6 +68,8 @@ def test_record_written_by_wire_parsed_by_parse_single_example(tmp_path, tf):
 COEXIST = """
 import importlib, sys
 from chexnet_utils.data.tfrecords import wire
+from tests.support.datasets import write_records
+from tests.support.datasets import write_records
 assert "tensorflow" not in sys.modules
 ours = wire.make_example(b"img", "png", 2, 3, [0.5] * 14, "n.png", 9)
 import tensorflow as tf            # registers tensorflow.Example in the default pool

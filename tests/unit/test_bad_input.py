@@ -31,12 +31,12 @@ from chexnet_utils.cli import main
 from chexnet_utils.data import tfrecords as T
 from chexnet_utils.data.nih import CSV_NAME, TRAIN_VAL_LIST, DataFormatError, read_data_entry
 from chexnet_utils.data.tfrecords import images
-from chexnet_utils.data.tfrecords.wire import read_records, write_records
+from chexnet_utils.data.tfrecords.wire import read_records
 from chexnet_utils.notebook import clean, results
 from chexnet_utils.platform import atomic
 from chexnet_utils.training import checkpoints
 from tests.support import suite_times
-from tests.support.datasets import image_path, make_dataset
+from tests.support.datasets import image_path, make_dataset, write_records
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -109,3 +109,35 @@ def test_remote_engines_signal_only_what_they_captured_on_this_machine(monkeypat
     finally:
         bystander.kill()
         bystander.wait()
+
+
+# --- engine errors by ipyparallel's types, not by matching their text --------------------------
+
+def test_engine_death_is_told_by_ipyparallel_error_types():
+    from ipyparallel import error
+
+    from chexnet_utils.cluster.distributed import engine_died
+
+    died = error.EngineError("Engine 1 died while running task 'abc'")
+    assert engine_died(died)
+    assert engine_died(error.RemoteError("EngineError", "gone", ""))
+    assert engine_died(error.CompositeError("one or more exceptions", [
+        ("ValueError", "bad", "", {}), ("EngineError", "gone", "", {})]))
+    assert not engine_died(error.CompositeError("one or more exceptions", [
+        ("ValueError", "the word died in a message is not a death", "", {})]))
+    assert not engine_died(RuntimeError("an engine died"))  # no text matching
+
+
+def test_error_line_names_the_remote_error_asked_for():
+    from ipyparallel import error
+
+    from chexnet_utils.training.horovod_keras import error_line
+
+    composite = error.CompositeError("one or more exceptions", [
+        ("RanksDiverged", "the workers hold different weights after step 2", "tb", {}),
+        ("RanksDiverged", "the workers hold different weights after step 2", "tb", {})])
+    assert error_line(composite, "RanksDiverged") == (
+        "RanksDiverged: the workers hold different weights after step 2")
+    remote = error.RemoteError("FloatingPointError", "not finite", "tb")
+    assert error_line(remote, "FloatingPointError") == "FloatingPointError: not finite"
+    assert error_line(ValueError("first\nsecond"), "RanksDiverged") == "first"

@@ -266,8 +266,10 @@ def test_sampler_records_every_gpu_while_the_work_runs() -> None:
         return "done"
 
     # a fake clock: 0.01 s per reading so far, so the stamps do not depend on the machine
-    result, samples = gpu_monitor.sample_during(work, interval=0.001, nvml=nvml,
-                                                clock=lambda: 0.01 * nvml.calls)
+    with gpu_monitor.UtilisationSampler(0.001, None, nvml,
+                                        clock=lambda: 0.01 * nvml.calls) as sampler:
+        result = work()
+    samples = sampler.samples
     assert result == "done"
     assert {s.gpu for s in samples} == {0, 1}
     per_gpu = [s for s in samples if s.gpu == 0]

@@ -7,7 +7,6 @@ from chexnet_utils.data.labels import (
     LabelError,
     UnknownLabelError,
     labels_to_multihot,
-    multihot_matrix,
     multihot_to_labels,
     parse_finding_labels,
 )
@@ -57,13 +56,6 @@ def test_threshold_and_length_checks():
     assert multihot_to_labels(probs) == "Edema"
     with pytest.raises(ValueError):
         multihot_to_labels(np.zeros(13))
-
-
-def test_matrix():
-    m = multihot_matrix(["Mass", NO_FINDING, "Hernia|Mass"])
-    assert m.shape == (3, 14)
-    assert m.sum(axis=0)[PATHOLOGIES.index("Mass")] == 2
-    assert multihot_matrix([]).shape == (0, 14)
 
 
 def test_nih_prevalence_is_one_table_from_the_counts():

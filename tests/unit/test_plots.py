@@ -5,7 +5,8 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 
 from chexnet_utils import plots  # noqa: E402
-from chexnet_utils.data.labels import PATHOLOGIES, multihot_matrix  # noqa: E402
+from chexnet_utils.data.labels import PATHOLOGIES  # noqa: E402
+from tests.support.datasets import multihot_matrix  # noqa: E402
 
 
 def test_cooccurrence_counts_pairs():

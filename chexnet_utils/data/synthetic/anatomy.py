@@ -192,9 +192,20 @@ def smooth_noise(rng: np.random.Generator, grid: int, shape: tuple[int, ...]) ->
 
 
 def render_base(c: Canvas, an: Anatomy, shot: Shot) -> None:
-    """Draw the healthy chest of ``an`` as taken by ``shot`` into ``c`` (before the signs)."""
-    x, y, ax, A = c.x, c.y, c.ax, c.A
-    w = c.w
+    """Draw the healthy chest of ``an`` as taken by ``shot`` into ``c`` (before the signs):
+    body, lungs (kept on ``c`` for the signs), mediastinum, bones, gastric bubble, exposure."""
+    _draw_body(c, an, shot)
+    _draw_lungs(c, an, shot)
+    _draw_mediastinum(c, an)
+    _draw_bones(c, an)
+    _draw_gastric_bubble(c, an)
+    # Uneven exposure.
+    c.A += smooth_noise(np.random.default_rng(shot.seeds[0]), 3, (c.w, c.w)) * 6.0
+
+
+def _draw_body(c: Canvas, an: Anatomy, shot: Shot) -> None:
+    """Neck, shoulders and torso: soft tissue over the background."""
+    y, ax, A = c.y, c.ax, c.A
     # Body: neck, rounded shoulders, torso.
     t = np.clip((y - (an.sy - 0.02)) * (1 / 0.4), 0.0, 1.0)
     half = an.nw + (an.bw - an.nw) * np.sqrt(1.0 - (1.0 - t) ** 2)
@@ -204,6 +215,11 @@ def render_base(c: Canvas, an: Anatomy, shot: Shot) -> None:
     A *= prof.astype(np.float32)
     A += shot.bg
 
+
+def _draw_lungs(c: Canvas, an: Anatomy, shot: Shot) -> None:
+    """The lung fields with their vessel markings; their geometry goes onto ``c``."""
+    x, y, ax, A = c.x, c.y, c.ax, c.A
+    w = c.w
     # Lungs: outline per row, cut at the bottom by the diaphragm domes.
     tl = (y - an.apex) * (1.0 / (an.ylat - an.apex))
     xm, xl = an.lung_edges(tl)
@@ -238,6 +254,11 @@ def render_base(c: Canvas, an: Anatomy, shot: Shot) -> None:
     c.t, c.xm, c.xl, c.inside, c.below, c.L, c.mark = tl, xm, xl, inside, below, L, mark
     c.dark = lungsig
 
+
+def _draw_mediastinum(c: Canvas, an: Anatomy) -> None:
+    """Trachea, heart, aortic knob and hila (the heart and knob cover lung)."""
+    x, y, ax, A = c.x, c.y, c.ax, c.A
+    L, lungsig = c.L, c.dark
     # Trachea.
     b = c.box(-0.05, 0.05, -1.0, an.hy - 0.12)
     if b:
@@ -269,6 +290,11 @@ def render_base(c: Canvas, an: Anatomy, shot: Shot) -> None:
         hd = ((ax[:, cs] - an.hx) * (1 / 0.05)) ** 2 + ((y[rs] - an.hy) * (1 / 0.09)) ** 2
         A[rs, cs] += 16.0 * np.exp(-hd)
 
+
+def _draw_bones(c: Canvas, an: Anatomy) -> None:
+    """Spine, posterior ribs and clavicles."""
+    y, ax, A = c.y, c.ax, c.A
+    L, below = c.L, c.below
     # Spine with vertebral modulation.
     b = c.box(-an.spine_w - 0.03, an.spine_w + 0.03, an.sy - 0.1, 1.0)
     if b:
@@ -300,12 +326,13 @@ def render_base(c: Canvas, an: Anatomy, shot: Shot) -> None:
         cl *= np.clip((axc - 0.05) * 30, 0, 1) * np.clip((0.62 - axc) * 20, 0, 1)
         A[rs, cs] += 24.0 * cl
 
+
+def _draw_gastric_bubble(c: Canvas, an: Anatomy) -> None:
+    """The gas bubble under the left hemidiaphragm."""
+    x, y, A = c.x, c.y, c.A
     # Gastric bubble under the left hemidiaphragm.
     gx, gy = 0.5 * (an.xmed + an.xlat) + 0.05, an.dome_l + 0.12
     b = c.box(gx - 0.12, gx + 0.12, gy - 0.07, gy + 0.07)
     if b:
         rs, cs = b
         A[rs, cs] -= 35.0 * ellipse(x[:, cs], y[rs], gx, gy, 0.09, 0.045, 0.02)
-
-    # Uneven exposure.
-    A += smooth_noise(np.random.default_rng(shot.seeds[0]), 3, (w, w)) * 6.0

@@ -131,7 +131,6 @@ from chexnet_utils.data.tfrecords.wire import (
     parse_example,
     read_examples,
     read_records,
-    write_records,
 )
 
 __all__ = [
@@ -171,7 +170,6 @@ __all__ = [
     "shard_workers_note",
     "to_grey8",
     "verify",
-    "write_records",
 ]
 
 

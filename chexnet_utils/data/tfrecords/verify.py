@@ -150,7 +150,7 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify(tfrecords_dir: Path | str, data_dir: Path | str | None = None,  # noqa: C901 (issue 28 item 4: broken up next)
+def verify(tfrecords_dir: Path | str, data_dir: Path | str | None = None,
            decode_images: bool = False) -> VerifyReport:
     """Check a converted folder against its manifest (and, with ``data_dir``, the source).
 
@@ -163,65 +163,92 @@ def verify(tfrecords_dir: Path | str, data_dir: Path | str | None = None,  # noq
     """
     root = Path(tfrecords_dir)
     report = VerifyReport(tfrecords_dir=root)
-    problems = report.problems
     try:
         manifest = load_manifest(root)
     except (FileNotFoundError, ConversionError) as e:
-        problems.append(str(e))
+        report.problems.append(str(e))
         return report
+    _check_plan(root, manifest, report.problems)
+    found: dict[str, dict[str, Any]] = {}
+    for s in manifest.get("shards", []):
+        _check_shard(root, s, decode_images, found, report)
+    _check_split_summaries(manifest, report.problems)
+    if data_dir is not None:
+        report.checked_source = True
+        _check_source(root, manifest, data_dir, found, report.problems)
+    return report
+
+
+def _check_plan(root: Path, manifest: dict[str, Any], problems: list[str]) -> None:
+    """The conversion finished, and every shard file in the folder is one it planned."""
     if not manifest.get("complete"):
         problems.append("manifest says the conversion is not complete (run it again to resume)")
-    shards = manifest.get("shards", [])
-    planned = {s["file"] for s in shards}
+    planned = {s["file"] for s in manifest.get("shards", [])}
     for p in sorted(root.glob("*.tfrecord")):
         if p.name not in planned:
             problems.append(f"{p.name}: shard file not in the manifest")
-    seen: dict[str, str] = {}
-    found: dict[str, dict[str, Any]] = {}
-    for s in shards:
-        path = root / s["file"]
-        if not s.get("done"):
-            problems.append(f"{s['file']}: not written yet according to the manifest")
-        if not path.is_file():
-            problems.append(f"{s['file']}: missing shard file")
-            continue
-        report.shards_checked += 1
-        sha = file_sha256(path)
-        if s.get("sha256") and sha != s["sha256"]:
-            problems.append(f"{s['file']}: sha256 {sha[:12]}... differs from the manifest's "
-                            f"{s['sha256'][:12]}...")
-        names: list[str] = []
-        sums = np.zeros(NUM_CLASSES, np.int64)
-        try:
-            for ex in read_examples(path):
-                names.append(ex["name"])
-                sums += ex["label"] >= 0.5
-                if ex["name"] in seen:
-                    problems.append(f"{s['file']}: image {ex['name']} also in {seen[ex['name']]}")
-                seen[ex["name"]] = s["file"]
-                found[ex["name"]] = {"split": s["split"], "label": ex["label"],
-                                     "patient_id": ex["patient_id"]}
-                if decode_images:
-                    try:
-                        with Image.open(io.BytesIO(ex["image_bytes"])) as im:
-                            im.load()
-                            if im.size != (ex["width"], ex["height"]):
-                                problems.append(f"{s['file']}: {ex['name']} is {im.size}, "
-                                                f"recorded {ex['width']}x{ex['height']}")
-                    except Exception as e:  # noqa: BLE001
-                        problems.append(f"{s['file']}: {ex['name']} does not decode: {e}")
-        except (ValueError, KeyError, IndexError, struct.error) as e:
-            problems.append(f"{s['file']}: unreadable after {len(names)} record(s): {e}")
-            continue
-        report.records += len(names)
-        report.counts[s["split"]] = report.counts.get(s["split"], 0) + len(names)
-        if len(names) != s["count"]:
-            problems.append(f"{s['file']}: {len(names)} records, manifest says {s['count']}")
-        if [int(x) for x in sums] != s["label_sums"]:
-            problems.append(f"{s['file']}: label sums {[int(x) for x in sums]} differ from the "
-                            f"manifest's {s['label_sums']}")
-        if names_sha256(names) != s.get("names_sha256"):
-            problems.append(f"{s['file']}: image names differ from the manifest's")
+
+
+def _decode_problem(shard: str, ex: dict[str, Any]) -> str | None:
+    """Why the stored image of record ``ex`` does not decode to its recorded size, if so."""
+    try:
+        with Image.open(io.BytesIO(ex["image_bytes"])) as im:
+            im.load()
+            if im.size != (ex["width"], ex["height"]):
+                return (f"{shard}: {ex['name']} is {im.size}, "
+                        f"recorded {ex['width']}x{ex['height']}")
+    except Exception as e:  # noqa: BLE001
+        return f"{shard}: {ex['name']} does not decode: {e}"
+    return None
+
+
+def _check_shard(root: Path, s: dict[str, Any], decode_images: bool,
+                 found: dict[str, dict[str, Any]], report: VerifyReport) -> None:
+    """Read one planned shard: its file hash, every record (names seen once, in ``found``
+    with split, label and patient id), then its count, label sums and names hash."""
+    problems = report.problems
+    path = root / s["file"]
+    if not s.get("done"):
+        problems.append(f"{s['file']}: not written yet according to the manifest")
+    if not path.is_file():
+        problems.append(f"{s['file']}: missing shard file")
+        return
+    report.shards_checked += 1
+    sha = file_sha256(path)
+    if s.get("sha256") and sha != s["sha256"]:
+        problems.append(f"{s['file']}: sha256 {sha[:12]}... differs from the manifest's "
+                        f"{s['sha256'][:12]}...")
+    names: list[str] = []
+    sums = np.zeros(NUM_CLASSES, np.int64)
+    try:
+        for ex in read_examples(path):
+            names.append(ex["name"])
+            sums += ex["label"] >= 0.5
+            if ex["name"] in found:
+                problems.append(f"{s['file']}: image {ex['name']} also in "
+                                f"{found[ex['name']]['file']}")
+            found[ex["name"]] = {"split": s["split"], "label": ex["label"],
+                                 "patient_id": ex["patient_id"], "file": s["file"]}
+            problem = _decode_problem(s["file"], ex) if decode_images else None
+            if problem:
+                problems.append(problem)
+    except (ValueError, KeyError, IndexError, struct.error) as e:
+        problems.append(f"{s['file']}: unreadable after {len(names)} record(s): {e}")
+        return
+    report.records += len(names)
+    report.counts[s["split"]] = report.counts.get(s["split"], 0) + len(names)
+    if len(names) != s["count"]:
+        problems.append(f"{s['file']}: {len(names)} records, manifest says {s['count']}")
+    if [int(x) for x in sums] != s["label_sums"]:
+        problems.append(f"{s['file']}: label sums {[int(x) for x in sums]} differ from the "
+                        f"manifest's {s['label_sums']}")
+    if names_sha256(names) != s.get("names_sha256"):
+        problems.append(f"{s['file']}: image names differ from the manifest's")
+
+
+def _check_split_summaries(manifest: dict[str, Any], problems: list[str]) -> None:
+    """Each split's summary in the manifest agrees with its shards' entries."""
+    shards = manifest.get("shards", [])
     for part, info in manifest.get("splits", {}).items():
         n_shards = sum(1 for s in shards if s["split"] == part)
         n_images = sum(s["count"] for s in shards if s["split"] == part)
@@ -230,45 +257,52 @@ def verify(tfrecords_dir: Path | str, data_dir: Path | str | None = None,  # noq
                             f"image(s), its summary says {info.get('shards')} with "
                             f"{info.get('images')}")
 
-    if data_dir is not None:
-        report.checked_source = True
-        params = manifest.get("params", {})
-        skipped_names: set[str] = set()
-        skipped_path = root / SKIPPED_JSON
-        if skipped_path.is_file():
-            skipped_names = {s["name"] for s in
-                             json.loads(skipped_path.read_text(encoding="utf-8"))["skipped"]}
-        elif manifest.get("num_skipped"):
-            problems.append(f"{SKIPPED_JSON} is missing but the manifest counts "
-                            f"{manifest['num_skipped']} skipped image(s)")
-        try:
-            ds = NIHDataset.load(data_dir)
-            split = ds.split(val_fraction=params.get("val_fraction", 0.1),
-                             seed=params.get("seed", 0))
-        except ValueError as e:  # DataFormatError, LeakageError
-            problems.append(f"cannot read the source data set: {e}")
-            return report
-        expected: set[str] = set()
-        for part, records in split.parts().items():
-            for r in records:
-                if r.image_index in skipped_names:
-                    if r.image_index in found:
-                        problems.append(f"{r.image_index}: listed as skipped but stored")
-                    continue
-                expected.add(r.image_index)
-                got = found.get(r.image_index)
-                if got is None:
-                    problems.append(f"{r.image_index} ({part}): source image not in any shard")
-                    continue
-                if got["split"] != part:
-                    problems.append(f"{r.image_index}: stored in {got['split']}, belongs to "
-                                    f"{part}")
-                if not np.array_equal(got["label"], r.labels):
-                    problems.append(f"{r.image_index}: label {got['label'].tolist()} differs "
-                                    f"from the CSV's {r.finding_labels!r}")
-                if got["patient_id"] != r.patient_id:
-                    problems.append(f"{r.image_index}: patient id {got['patient_id']}, CSV "
-                                    f"says {r.patient_id}")
-        for name in sorted(set(found) - expected - skipped_names):
-            problems.append(f"{name}: stored but not an image of the source data set")
-    return report
+
+def _skipped_names(root: Path, manifest: dict[str, Any], problems: list[str]) -> set[str]:
+    """The images the conversion left out (``skipped.json``), which the manifest counts."""
+    skipped_path = root / SKIPPED_JSON
+    if skipped_path.is_file():
+        return {s["name"] for s in
+                json.loads(skipped_path.read_text(encoding="utf-8"))["skipped"]}
+    if manifest.get("num_skipped"):
+        problems.append(f"{SKIPPED_JSON} is missing but the manifest counts "
+                        f"{manifest['num_skipped']} skipped image(s)")
+    return set()
+
+
+def _check_source(root: Path, manifest: dict[str, Any], data_dir: Path | str,
+                  found: dict[str, dict[str, Any]], problems: list[str]) -> None:
+    """Every source image of each split part (but the skipped) stored once, in its part,
+    with its label and patient id; nothing stored that is not a source image."""
+    params = manifest.get("params", {})
+    skipped_names = _skipped_names(root, manifest, problems)
+    try:
+        ds = NIHDataset.load(data_dir)
+        split = ds.split(val_fraction=params.get("val_fraction", 0.1),
+                         seed=params.get("seed", 0))
+    except ValueError as e:  # DataFormatError, LeakageError
+        problems.append(f"cannot read the source data set: {e}")
+        return
+    expected: set[str] = set()
+    for part, records in split.parts().items():
+        for r in records:
+            if r.image_index in skipped_names:
+                if r.image_index in found:
+                    problems.append(f"{r.image_index}: listed as skipped but stored")
+                continue
+            expected.add(r.image_index)
+            got = found.get(r.image_index)
+            if got is None:
+                problems.append(f"{r.image_index} ({part}): source image not in any shard")
+                continue
+            if got["split"] != part:
+                problems.append(f"{r.image_index}: stored in {got['split']}, belongs to "
+                                f"{part}")
+            if not np.array_equal(got["label"], r.labels):
+                problems.append(f"{r.image_index}: label {got['label'].tolist()} differs "
+                                f"from the CSV's {r.finding_labels!r}")
+            if got["patient_id"] != r.patient_id:
+                problems.append(f"{r.image_index}: patient id {got['patient_id']}, CSV "
+                                f"says {r.patient_id}")
+    for name in sorted(set(found) - expected - skipped_names):
+        problems.append(f"{name}: stored but not an image of the source data set")

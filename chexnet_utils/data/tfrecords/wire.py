@@ -16,24 +16,21 @@ read the files with ``tf.data.TFRecordDataset``). TensorFlow is imported only by
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import google_crc32c
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.internal import api_implementation
 from google.protobuf.message import DecodeError
 
 from chexnet_utils.data.labels import NUM_CLASSES
 
 __all__ = [
     "CRC32C_IMPLEMENTATION",
-    "PROTOBUF_IMPLEMENTATION",
     "BytesList",
     "Example",
     "Feature",
@@ -50,7 +47,6 @@ __all__ = [
     "parse_example",
     "read_examples",
     "read_records",
-    "write_records",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -79,16 +75,6 @@ def frame_record(data: bytes) -> bytes:
     return b"".join((header, struct.pack("<I", masked_crc32c(header)), data,
                      struct.pack("<I", masked_crc32c(data))))
 
-
-def write_records(path: Path | str, records: Iterable[bytes]) -> str:
-    """Write records to ``path`` (not atomically); returns the sha256 of the file."""
-    digest = hashlib.sha256()
-    with open(path, "wb") as f:
-        for data in records:
-            chunk = frame_record(data)
-            digest.update(chunk)
-            f.write(chunk)
-    return digest.hexdigest()
 
 
 def read_records(path: str | os.PathLike[str], check_crc: bool = True) -> Iterator[bytes]:
@@ -172,8 +158,6 @@ Example = _MESSAGES["Example"]
 Features, Feature = _MESSAGES["Features"], _MESSAGES["Feature"]
 BytesList, FloatList, Int64List = (_MESSAGES["BytesList"], _MESSAGES["FloatList"],
                                    _MESSAGES["Int64List"])
-PROTOBUF_IMPLEMENTATION = api_implementation.Type()
-"""The ``protobuf`` backend behind the messages (``upb``, ``cpp`` or ``python``)."""
 
 
 def encode_example(features: dict[str, tuple[str, Sequence[Any]]]) -> bytes:
