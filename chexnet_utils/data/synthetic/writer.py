@@ -120,6 +120,69 @@ def _layout_files(root: Path) -> list[Path]:
     return files
 
 
+def _claim_folder(root: Path, n: int, size: int, per_folder: int,
+                  overwrite: bool) -> dict[str, Any] | None:
+    """Check the arguments and that ``root`` may be written (missing, empty, a previous
+    synthetic data set, or ``overwrite``; no image folder a symbolic link); create it.
+    Returns its previous ``SYNTHETIC.json``, if any."""
+    require_at_least(1, n=n)
+    require_at_least(16, size=size)
+    require_at_least(1, per_folder=per_folder)
+    if (n - 1) // per_folder + 1 > 999:
+        raise ValueError(f"{n} images at {per_folder} per folder need more than 999 "
+                         "images_NNN folders; raise per_folder")
+    if root.exists() and not root.is_dir():
+        raise NotADirectoryError(f"{root} exists and is not a directory")
+    marker = read_marker(root) if root.is_dir() else None
+    visible = root.is_dir() and any(not p.name.startswith(".") for p in root.iterdir())
+    if visible and marker is None and not overwrite:
+        raise FileExistsError(
+            f"{root} is not empty and has no {MARKER_NAME}, so it is not a previous synthetic "
+            "data set (it may be the real NIH download). Choose an empty or new directory, or "
+            "pass overwrite=True to replace its NIH-layout files.")
+    root.mkdir(parents=True, exist_ok=True)
+    linked = _linked_folders(root)
+    if linked:
+        raise FileExistsError(f"{linked[0]} is a symbolic link: the synthetic writer does not "
+                              "write or delete through one (it may lead into a real data set); "
+                              "remove the link or choose another directory")
+    return marker
+
+
+def _clear_stale_files(root: Path, targets: dict[str, Path], keep_existing: bool) -> None:
+    """Delete the NIH-layout files of ``root`` (but the images kept for a resume), the image
+    folders left empty, and create those ``targets`` go into."""
+    for f in _layout_files(root):
+        if keep_existing and targets.get(f.name) == f:
+            continue
+        f.unlink(missing_ok=True)
+    for d in sorted(root.glob("images_[0-9][0-9][0-9]/images")) + sorted(
+            root.glob("images_[0-9][0-9][0-9]")) + [root / "images"]:
+        if d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+    for folder in {p.parent for p in targets.values()}:
+        folder.mkdir(parents=True, exist_ok=True)
+
+
+def _render_all(tasks: list[tuple[Any, ...]], workers: int, desc: str, progress: bool,
+                mp_context: str | None) -> None:
+    """Render ``tasks`` in this process (``workers == 1``) or a pool, with a progress bar."""
+    bar = tqdm(total=len(tasks), desc=desc, unit="img", disable=not progress)
+    try:
+        if workers == 1:
+            for t in tasks:
+                _render_task(t)
+                bar.update(1)
+        else:
+            chunk = max(1, min(32, len(tasks) // (workers * 8)))
+            with multiprocessing.get_context(mp_context).Pool(
+                    workers, initializer=worker_init, initargs=(os.getpid(),)) as pool:
+                for _ in pool.imap_unordered(_render_task, tasks, chunksize=chunk):
+                    bar.update(1)
+    finally:
+        bar.close()
+
+
 def generate_dataset(
     out_dir: Path | str,
     n: int = 600,
@@ -158,29 +221,8 @@ def generate_dataset(
     default: the platform's); the worker is a module-level function, so all of them work.
     Returns ``out_dir`` as a :class:`~pathlib.Path`.
     """
-    require_at_least(1, n=n)
-    require_at_least(16, size=size)
-    require_at_least(1, per_folder=per_folder)
-    if (n - 1) // per_folder + 1 > 999:
-        raise ValueError(f"{n} images at {per_folder} per folder need more than 999 "
-                         "images_NNN folders; raise per_folder")
     root = Path(out_dir)
-    if root.exists() and not root.is_dir():
-        raise NotADirectoryError(f"{root} exists and is not a directory")
-    marker = read_marker(root) if root.is_dir() else None
-    visible = root.is_dir() and any(not p.name.startswith(".") for p in root.iterdir())
-    if visible and marker is None and not overwrite:
-        raise FileExistsError(
-            f"{root} is not empty and has no {MARKER_NAME}, so it is not a previous synthetic "
-            "data set (it may be the real NIH download). Choose an empty or new directory, or "
-            "pass overwrite=True to replace its NIH-layout files.")
-    root.mkdir(parents=True, exist_ok=True)
-    linked = _linked_folders(root)
-    if linked:
-        raise FileExistsError(f"{linked[0]} is a symbolic link: the synthetic writer does not "
-                              "write or delete through one (it may lead into a real data set); "
-                              "remove the link or choose another directory")
-
+    marker = _claim_folder(root, n, size, per_folder, overwrite)
     records = sample_records(n, seed, size)
     train_val, test = split_by_patient(records, seed)
     keep_existing = resume and _same_params(marker, n, size, seed, per_folder)
@@ -190,38 +232,15 @@ def generate_dataset(
     # Mark the directory as ours before touching anything else, then clear stale files.
     write_text_atomic(root / MARKER_NAME,
                        json.dumps(_marker(n, size, seed, per_folder, False), indent=2) + "\n")
-    for f in _layout_files(root):
-        if keep_existing and targets.get(f.name) == f:
-            continue
-        f.unlink(missing_ok=True)
-    for d in sorted(root.glob("images_[0-9][0-9][0-9]/images")) + sorted(
-            root.glob("images_[0-9][0-9][0-9]")) + [root / "images"]:
-        if d.is_dir() and not any(d.iterdir()):
-            d.rmdir()
-    for folder in {p.parent for p in targets.values()}:
-        folder.mkdir(parents=True, exist_ok=True)
+    _clear_stale_files(root, targets, keep_existing)
 
     tasks = [(seed, i, r.patient_id, r.finding_labels, r.view_position, size,
               str(targets[r.image_index]), compress_level)
              for i, r in enumerate(records)
              if not (keep_existing and targets[r.image_index].is_file())]
     workers = usable_cores() if workers is None else max(1, int(workers))
-    workers = min(workers, max(1, len(tasks)))
-
-    bar = tqdm(total=len(tasks), desc=f"synthetic {size}px", unit="img", disable=not progress)
-    try:
-        if workers == 1:
-            for t in tasks:
-                _render_task(t)
-                bar.update(1)
-        else:
-            chunk = max(1, min(32, len(tasks) // (workers * 8)))
-            with multiprocessing.get_context(mp_context).Pool(
-                    workers, initializer=worker_init, initargs=(os.getpid(),)) as pool:
-                for _ in pool.imap_unordered(_render_task, tasks, chunksize=chunk):
-                    bar.update(1)
-    finally:
-        bar.close()
+    _render_all(tasks, min(workers, max(1, len(tasks))), f"synthetic {size}px", progress,
+                mp_context)
 
     png_bytes = sum(p.stat().st_size for p in targets.values())
     with atomic_path(root / nih.CSV_NAME) as tmp:
