@@ -41,6 +41,7 @@ from chexnet_utils.training import TrainConfig
 
 Handler = Callable[[argparse.Namespace], int]
 
+
 class Option(typing.NamedTuple):
     """A dataclass field's command-line option: its flag, help and placeholder."""
 

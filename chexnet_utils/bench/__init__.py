@@ -16,7 +16,10 @@ them all is :mod:`chexnet_utils.platform.timing`).
 - :mod:`~chexnet_utils.bench.scaling`: images/s on 1..N Horovod workers and the scaling
   efficiency (notebook 04, ``bench scaling``);
 - :mod:`~chexnet_utils.bench.gpu_node`: the GPU-node report: CheXNet images/s on 1..N GPUs
-  (``bench gpu-node``; needs GPUs).
+  (``bench gpu-node``; needs GPUs);
+- :mod:`~chexnet_utils.bench.link`: Horovod across two simulated nodes (network namespaces):
+  link bytes, allreduce vs size, a shaped link vs the alpha-beta model (notebook 09,
+  ``bench link``; its probes run as ``python -m chexnet_utils.bench.link``).
 
 Importing the wing imports none of them (and no TensorFlow):
 ``from chexnet_utils.bench import benchmark``

@@ -1,7 +1,7 @@
 """*When* does the accelerator wait? Per-step timelines of waiting for data vs computing.
 
 The timeline measurements of :mod:`chexnet_utils.bench.benchmark` (notebooks 02 and 03 reach them
-as ``benchmark.X``; :func:`chexnet_utils.plots.plot_timelines` draws them):
+as ``benchmark.X``; :func:`chexnet_utils.plots.timelines` draws them):
 
 :func:`record_timeline`
     Per training step: when the batch was requested, when it was ready, when the step

@@ -30,7 +30,7 @@ from chexnet_utils.comm.collectives import (
 )
 from chexnet_utils.comm.timeline import record_timeline
 from chexnet_utils.platform.timing import barrier_windows
-from chexnet_utils.training.dataparallel import weights_sha256
+from chexnet_utils.training.horovod_keras import weights_sha256
 
 
 @dataclass(frozen=True)

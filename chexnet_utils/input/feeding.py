@@ -1,4 +1,4 @@
-"""The ``tf.data`` toolbox beyond the recipe: cache, ``list_files``, Options, PyDataset.
+"""The ``tf.data`` toolbox beyond the recipe: cache, ``list_files``, Options.
 
 The new approach of :mod:`chexnet_utils.input.pipelines` (shard, interleave, parallel map,
 prefetch) runs at the decode ceiling of the host's cores. What is left when that is not

@@ -1,6 +1,6 @@
 """Process lifetime: every command stops cleanly on SIGTERM and leaves nothing behind.
 
-Three pieces, used by every command that starts processes (``python -m chexnet_utils ...``,
+Four pieces, used by every command that starts processes (``python -m chexnet_utils ...``,
 ``make lab``):
 
 - :func:`command_lifetime`, a context manager around a command: SIGTERM (and SIGHUP) raise

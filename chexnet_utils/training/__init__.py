@@ -8,7 +8,8 @@ names notebooks, the CLI and the tests use, re-exported from one module per conc
   and :func:`train_on_engine` (the same on an ipyparallel MPI engine);
 - :mod:`~chexnet_utils.training.dataparallel`: the data-parallel seams (``init_world``,
   ``gradient_averager``, ``broadcast_initial_state``, ``scaled_learning_rate``,
-  ``weights_sha256``: the one weights fingerprint);
+  and from :mod:`~chexnet_utils.training.horovod_keras` ``weights_sha256``, the one weights
+  fingerprint);
 - :mod:`~chexnet_utils.training.callbacks`: the Keras callbacks of a run (warm-up, metric
   average, validation AUROC, checkpoints);
 - :mod:`~chexnet_utils.training.checkpoints`: the files of ``out_dir`` (checkpoints, state,
@@ -19,8 +20,9 @@ names notebooks, the CLI and the tests use, re-exported from one module per conc
   gradients and the documented one that does not, ranks compared by weight digests;
 - :mod:`~chexnet_utils.training.run_configs`: notebook 04's and 08's runs per scale preset.
 
-No module here imports TensorFlow at import time (``import chexnet_utils.training`` is cheap);
-Keras is imported inside the functions that build or fit a model.
+No module here but :mod:`~chexnet_utils.training.callbacks` imports TensorFlow at import time
+(``import chexnet_utils.training`` is cheap): the callbacks import Keras at their top, and
+:func:`train` imports them, and Keras, when it runs.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ from chexnet_utils.training.dataparallel import (
     gradient_averager,
     init_world,
     scaled_learning_rate,
-    weights_sha256,
 )
+from chexnet_utils.training.horovod_keras import weights_sha256
 from chexnet_utils.training.loop import PIPELINES, TrainConfig, TrainResult, train, train_on_engine
 from chexnet_utils.training.splits import predict_split, training_label_sums
 

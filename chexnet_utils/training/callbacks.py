@@ -5,11 +5,11 @@ chexnet_utils.training`` stays free of TensorFlow):
 
 ``Broadcast``
     Data-parallel change 5: rank 0's variables to all at the start of training.
+``EpochTimer``
+    Wall time of each epoch's training steps (before validation and checkpoints).
 ``RankAgreement``
     Distributed: stops the job when the workers' weights drifted apart
     (:func:`~chexnet_utils.training.horovod_keras.check_ranks_agree`).
-``EpochTimer``
-    Wall time of each epoch's training steps (before validation and checkpoints).
 ``MetricAverage``
     Distributed: each epoch's training metrics averaged across workers.
 ``Warmup``
@@ -53,7 +53,7 @@ __all__ = ["Broadcast", "Checkpointer", "EpochTimer", "MetricAverage", "PlateauL
 
 
 class EpochTimer(keras.callbacks.Callback):
-    """Wall time of each epoch's training steps (first in the callback list, so it stops
+    """Wall time of each epoch's training steps (first after ``Broadcast``, so it stops
     before validation and checkpointing)."""
 
     def __init__(self) -> None:

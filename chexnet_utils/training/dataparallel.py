@@ -13,8 +13,8 @@ step that training takes. Which of the six Horovod changes each one is:
   ``train_step`` (change 4; the variants are in :mod:`chexnet_utils.training.horovod_keras`);
 * :func:`broadcast_initial_state` - rank 0's model and optimizer variables to all (change 5);
 * :func:`allreduce_mean` - numbers (epoch metrics) averaged across workers;
-* :func:`weights_sha256` - the fingerprint of the weights, equal on every rank of a healthy
-  job (the project's one weights fingerprint).
+* the fingerprint that proves the workers agree, equal on every rank of a healthy job, is
+  :func:`chexnet_utils.training.horovod_keras.weights_sha256`.
 
 Horovod and TensorFlow are imported inside the functions: importing this module is cheap, and
 with ``distributed=False`` nothing of Horovod is touched.
@@ -22,12 +22,9 @@ with ``distributed=False`` nothing of Horovod is touched.
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, get_args
-
-import numpy as np
 
 if TYPE_CHECKING:
     import keras
@@ -40,7 +37,6 @@ __all__ = [
     "gradient_averager",
     "init_world",
     "scaled_learning_rate",
-    "weights_sha256",
 ]
 
 
@@ -106,22 +102,6 @@ def allreduce_mean(values: dict[str, float]) -> dict[str, float]:
     stacked = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
     averaged = hvd.allreduce(stacked, op=hvd.Average, name="chexnet_epoch_metrics")
     return dict(zip(keys, (float(v) for v in averaged.numpy()), strict=True))
-
-
-def weights_sha256(weights: Sequence[Any]) -> str:
-    """The fingerprint of a model's weights: sha256 of their bytes, in order.
-
-    Of ``model.trainable_weights`` it is equal on all workers of a healthy Horovod job, bit
-    for bit: same initial values (broadcast), same averaged gradients, same optimizer; what
-    ``metrics.json`` records per rank and what the rank-agreement check compares. BatchNorm's
-    moving mean and variance are *not* trainable: each worker updates them from its own
-    batches, so ``model.weights`` differ slightly between workers (rank 0's are the ones
-    saved; ``hvd.SyncBatchNormalization`` would average them too).
-    """
-    h = hashlib.sha256()
-    for w in weights:
-        h.update(np.ascontiguousarray(np.asarray(w)).tobytes())
-    return h.hexdigest()
 
 
 LrScaling = Literal["linear", "sqrt"]

@@ -35,12 +35,11 @@ silently different copies.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
-from chexnet_utils.training.dataparallel import weights_sha256
 
 DIVERGENCE_CAUSES = (
     "an optimizer that does not average gradients (hvd.keras.DistributedOptimizer with "
@@ -87,7 +86,6 @@ AVERAGERS: dict[str, Callable[[Sequence[Any]], list[Any]]] = {
     "per_tensor": per_tensor_average, "grouped": grouped_average}
 
 
-
 def broadcast_model(model: Any) -> None:
     """Rank 0's model and optimizer variables to every rank (Keras 3: their ``.value``)."""
     import horovod.tensorflow as hvd
@@ -100,14 +98,30 @@ def broadcast_model(model: Any) -> None:
 
 # ---- are the ranks still the same model? -------------------------------------------------------
 
+def weights_sha256(weights: Sequence[Any]) -> str:
+    """The fingerprint of a model's weights: sha256 of their bytes, in order.
+
+    Of ``model.trainable_weights`` it is equal on all workers of a healthy Horovod job, bit
+    for bit: same initial values (broadcast), same averaged gradients, same optimizer; what
+    ``metrics.json`` records per rank and what the rank-agreement check compares. BatchNorm's
+    moving mean and variance are *not* trainable: each worker updates them from its own
+    batches, so ``model.weights`` differ slightly between workers (rank 0's are the ones
+    saved; ``hvd.SyncBatchNormalization`` would average them too).
+    """
+    h = hashlib.sha256()
+    for w in weights:
+        h.update(np.ascontiguousarray(np.asarray(w)).tobytes())
+    return h.hexdigest()
+
+
 def ranks_that_differ(fingerprints: Sequence[str]) -> list[int]:
-    """Ranks whose fingerprint (:func:`~chexnet_utils.training.dataparallel.weights_sha256`)
-    differs from rank 0's; ``[]`` if none."""
+    """Ranks whose fingerprint (:func:`weights_sha256`) differs from rank 0's; ``[]`` if
+    none."""
     return [r for r in range(1, len(fingerprints)) if fingerprints[r] != fingerprints[0]]
 
 
 def check_ranks_agree(weights: Sequence[Any], where: str) -> None:
-    """Gather every rank's :func:`~chexnet_utils.training.dataparallel.weights_sha256` (and
+    """Gather every rank's :func:`weights_sha256` (and
     whether its weights are finite) and raise :class:`RanksDiverged` on every rank if any
     differs from rank 0's (all ranks raise together: no rank is left waiting in a
     collective). ``where`` says when ("after step 2", "at the end of epoch 3")."""
@@ -172,8 +186,9 @@ def keras_optimizer_digests(steps: int = 4, batch_size: int = 8, image_size: int
     batch per rank, ``hvd.keras.DistributedOptimizer(SGD)``, ``model.compile`` +
     ``model.fit``. If the optimizer averaged, all ranks would end identical. Returns this
     rank's ``{"rank", "start", "end"}`` digests (sha256 of the trainable weights before and
-    after ``fit``), to be compared across ranks; with ``check`` a ``RankAgreement``
-    callback is added and :class:`RanksDiverged` is raised instead.
+    after ``fit``), to be compared across ranks; with ``check`` the ranks are compared after
+    step 2 (:func:`check_ranks_agree`, as training's ``RankAgreement`` callback does) and
+    :class:`RanksDiverged` is raised instead.
     """
     import horovod.tensorflow as hvd
     import horovod.tensorflow.keras as hvd_keras
@@ -190,9 +205,12 @@ def keras_optimizer_digests(steps: int = 4, batch_size: int = 8, image_size: int
     start = weights_sha256(model.trainable_weights)
     rng = np.random.default_rng(1000 + hvd.rank())  # each rank its own data
     x, y = random_batch(rng, steps * batch_size, image_size)
-    from chexnet_utils.training.callbacks import RankAgreement
 
-    callbacks = [RankAgreement(after_steps=2)] if check else []
+    def agree_after(batch: int, logs: Any) -> None:  # as training's RankAgreement, step 2
+        if batch + 1 == 2:
+            check_ranks_agree(model.trainable_weights, f"after step {batch + 1}")
+
+    callbacks = [keras.callbacks.LambdaCallback(on_train_batch_end=agree_after)] if check else []
     model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False,
               callbacks=callbacks)
     return {"rank": hvd.rank(), "start": start, "end": weights_sha256(model.trainable_weights)}

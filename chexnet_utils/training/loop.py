@@ -114,8 +114,8 @@ from chexnet_utils.training.dataparallel import (
     gradient_averager,
     init_world,
     scaled_learning_rate,
-    weights_sha256,
 )
+from chexnet_utils.training.horovod_keras import weights_sha256
 from chexnet_utils.training.splits import (
     eval_dataset,
     loss_value,

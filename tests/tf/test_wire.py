@@ -68,8 +68,6 @@ def test_record_written_by_wire_parsed_by_parse_single_example(tmp_path, tf):
 COEXIST = """
 import importlib, sys
 from chexnet_utils.data.tfrecords import wire
-from tests.support.datasets import write_records
-from tests.support.datasets import write_records
 assert "tensorflow" not in sys.modules
 ours = wire.make_example(b"img", "png", 2, 3, [0.5] * 14, "n.png", 9)
 import tensorflow as tf            # registers tensorflow.Example in the default pool

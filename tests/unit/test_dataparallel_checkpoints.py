@@ -70,8 +70,11 @@ def test_read_csv_log(tmp_path: Path) -> None:
 def test_training_keeps_the_names_callers_use() -> None:
     """Notebooks, scripts and tests reach these through ``chexnet_utils.training``."""
     for name in ("init_world", "gradient_averager", "broadcast_initial_state",
-                 "scaled_learning_rate", "weights_sha256", "LR_SCALINGS"):
+                 "scaled_learning_rate", "LR_SCALINGS"):
         assert getattr(training, name) is getattr(dataparallel, name)
+    from chexnet_utils.training import horovod_keras
+
+    assert training.weights_sha256 is horovod_keras.weights_sha256
     for name in ("CHECKPOINT_DIR", "METRICS_NAME", "BEST_NAME", "LAST_NAME", "STATE_NAME",
                  "TENSORBOARD_DIR", "load_checkpoint", "read_csv_log"):
         assert getattr(training, name) is getattr(checkpoints, name)

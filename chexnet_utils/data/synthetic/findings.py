@@ -1,9 +1,9 @@
 """The 14 pathology signs a synthetic film can carry, one function per ChestX-ray14 label.
 
 "Pre" signs (:data:`PRE_SIGNS`: Cardiomegaly, Emphysema) change a patient's
-:class:`~chexnet_utils.data.synthetic.anatomy._Anatomy` before it is drawn; "post" signs
+:class:`~chexnet_utils.data.synthetic.anatomy.Anatomy` before it is drawn; "post" signs
 (:data:`POST_SIGNS`, drawn in :data:`POST_ORDER`) add to the attenuation map of a
-:class:`~chexnet_utils.data.synthetic.anatomy._Canvas`. Each sign gets its own random stream, so an
+:class:`~chexnet_utils.data.synthetic.anatomy.Canvas`. Each sign gets its own random stream, so an
 image with and without a label differs only by that label's sign. The signs are meant to be
 learnable by a small CNN at 128x128, not to be radiologically faithful.
 """
