@@ -577,6 +577,18 @@ def test_verify_without_manifest(tmp_path):
     assert not report.ok and "manifest" in report.problems[0]
 
 
+@pytest.mark.parametrize("fmt", ["chexnet_utils.tfrecords", "chexnet_utils.data.tfrecords"])
+def test_a_manifest_of_any_version_of_the_converter_loads(tmp_path, fmt):
+    # the format's name, not a module path: conversions written before (or, for a day, after)
+    # the module moved into the data wing are this converter's
+    assert T.FORMAT == "chexnet_utils.tfrecords"
+    (tmp_path / T.MANIFEST_NAME).write_text(json.dumps({"format": fmt, "shards": []}))
+    assert T.load_manifest(tmp_path)["format"] == fmt
+    (tmp_path / T.MANIFEST_NAME).write_text(json.dumps({"format": "other.tool"}))
+    with pytest.raises(T.ConversionError, match="not a manifest"):
+        T.load_manifest(tmp_path)
+
+
 # --------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------

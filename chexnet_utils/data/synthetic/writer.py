@@ -32,7 +32,12 @@ GENERATOR_VERSION = 1
 """Bumped whenever the output for a given (n, size, seed) changes."""
 
 MARKER_NAME = "SYNTHETIC.json"
-_GENERATOR_ID = "chexnet_utils.data.synthetic"
+_GENERATOR_ID = "chexnet_utils.synthetic"
+"""The ``generator`` of ``SYNTHETIC.json``: a name of the data format, not a module path (it
+stays when modules move)."""
+_GENERATOR_IDS = (_GENERATOR_ID, "chexnet_utils.data.synthetic")
+"""Accepted when reading: the second was written for a while after the module moved into the
+data wing (2026-12-04 to 12-05); a data set marked either way is this generator's."""
 
 _NAME_RE = re.compile(r"\d{8}_\d{3}\.png")
 
@@ -64,7 +69,7 @@ def read_marker(out_dir: Path | str) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("generator") != _GENERATOR_ID:
+    if not isinstance(data, dict) or data.get("generator") not in _GENERATOR_IDS:
         return None
     return data
 

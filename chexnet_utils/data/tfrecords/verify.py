@@ -45,7 +45,12 @@ MANIFEST_NAME = "manifest.json"
 SKIPPED_JSON = "skipped.json"
 SKIPPED_TXT = "skipped.txt"
 SPLITS: tuple[str, ...] = ("train", "val", "test")
-FORMAT = "chexnet_utils.data.tfrecords"
+FORMAT = "chexnet_utils.tfrecords"
+"""The ``format`` of ``manifest.json``: a name of the data format, not a module path (it stays
+when modules move)."""
+FORMATS_READ = (FORMAT, "chexnet_utils.data.tfrecords")
+"""Accepted when reading: the second was written for a while after the module moved into the
+data wing (2026-12-04 to 12-05); a conversion marked either way is this converter's."""
 FORMAT_VERSION = 1
 _SHARD_RE = re.compile(r"^(?P<split>[A-Za-z0-9_]+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.tfrecord$")
 
@@ -85,7 +90,7 @@ def load_manifest(tfrecords_dir: Path | str) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise ConversionError(path, f"manifest is not valid JSON: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS_READ:
         raise ConversionError(path, f"not a manifest written by {FORMAT}")
     return manifest
 
