@@ -141,17 +141,26 @@ def mpirun_command(
     return cmd + argv
 
 
-def engine_died(e: BaseException) -> bool:
-    """Whether ``e``, raised by an ipyparallel result, says an engine died: ipyparallel's
-    ``EngineError``, also as a remote error or one of a ``CompositeError``'s
-    (``ipyparallel/error.py``, 9.2)."""
+def remote_errors(e: BaseException) -> list[tuple[str, str]]:
+    """The engines' errors ipyparallel passes on in ``e``, as ``(ename, evalue)``: one per
+    engine of a ``CompositeError``, the one of a ``RemoteError``, none for any other
+    exception (``ipyparallel/error.py``, 9.2)."""
     from ipyparallel import error
 
-    if isinstance(e, error.EngineError):
-        return True
     if isinstance(e, error.CompositeError):
-        return any(ename == "EngineError" for ename, *_ in e.elist)
-    return isinstance(e, error.RemoteError) and e.ename == "EngineError"
+        return [(ename, evalue) for ename, evalue, *_ in e.elist]
+    if isinstance(e, error.RemoteError):
+        return [(e.ename, e.evalue)]
+    return []
+
+
+def engine_died(e: BaseException) -> bool:
+    """Whether ``e``, raised by an ipyparallel result, says an engine died: ipyparallel's
+    ``EngineError``, also among its :func:`remote_errors`."""
+    from ipyparallel import error
+
+    return isinstance(e, error.EngineError) or any(
+        ename == "EngineError" for ename, _ in remote_errors(e))
 
 
 def rank_info() -> dict[str, object]:

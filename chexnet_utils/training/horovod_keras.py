@@ -291,15 +291,14 @@ def allreduce_enqueue_spread(mode: str, path: str, steps: int = 4, image_size: i
 def error_line(exc: BaseException, name: str) -> str:
     """``"<name>: <message>"`` of the engine error named ``name`` (e.g. ``"RanksDiverged"``)
     among those ipyparallel passes on in ``exc`` (a ``RemoteError``, or a ``CompositeError``
-    of one per engine: their ``ename`` and ``evalue``); else the first line of ``exc``."""
+    of one per engine: :func:`chexnet_utils.cluster.distributed.remote_errors`); else the
+    first line of ``exc``."""
     from ipyparallel import error
 
-    if isinstance(exc, error.CompositeError):
-        remote = [(ename, evalue) for ename, evalue, *_ in exc.elist]
-    elif isinstance(exc, error.RemoteError):
-        remote = [(exc.ename, exc.evalue)]
-    else:
-        remote = [(type(exc).__name__, str(exc))]
+    from chexnet_utils.cluster.distributed import remote_errors
+
+    remote = (remote_errors(exc) if isinstance(exc, error.RemoteError)
+              else [(type(exc).__name__, str(exc))])
     for ename, evalue in remote:
         if ename == name:
             return f"{ename}: {evalue}"
