@@ -14,6 +14,7 @@ notebooks preparing the same data set, two results writers).
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import math
@@ -161,8 +162,13 @@ def fsync_dir(path: Path | str) -> None:
 
 def json_safe(obj: Any) -> Any:
     """NaN/inf -> None, numpy scalars and arrays -> Python, paths -> str, recursively (strict
-    JSON). Anything else that converts with ``float()`` (a 0-d array, a scalar tensor)
-    becomes a float; the rest is returned as it is."""
+    JSON). A dataclass instance becomes its ``as_dict()`` when it has one (the bench
+    results: their fields and derived figures), else :func:`dataclasses.asdict`. Anything
+    else that converts with ``float()`` (a 0-d array, a scalar tensor) becomes a float; the
+    rest is returned as it is."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        as_dict = getattr(obj, "as_dict", None)
+        return json_safe(as_dict() if callable(as_dict) else dataclasses.asdict(obj))
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

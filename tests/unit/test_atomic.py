@@ -119,6 +119,36 @@ def test_json_writes_are_strict(tmp_path):
     assert json.loads(text) == {"a": None, "z": 1}
 
 
+def test_json_safe_writes_a_dataclass_result_as_its_dict():
+    """A bench result is a dataclass: written as its ``as_dict()`` (derived figures
+    included), int keys as strings; a dataclass without one as its fields."""
+    import dataclasses
+    import math
+
+    from chexnet_utils.platform.atomic import json_safe
+
+    @dataclasses.dataclass
+    class Plain:
+        x: float
+
+    @dataclasses.dataclass
+    class Result:
+        rates: dict[int, float]
+        inner: Plain
+
+        @property
+        def best(self) -> float:
+            return max(self.rates.values())
+
+        def as_dict(self) -> dict:
+            return {**dataclasses.asdict(self), "best": self.best}
+
+    r = Result({1: 2.0, 2: math.nan}, Plain(1.5))
+    assert json_safe(r) == {"rates": {"1": 2.0, "2": None}, "inner": {"x": 1.5}, "best": 2.0}
+    assert json_safe([Plain(3.0)]) == [{"x": 3.0}]
+    assert json_safe(Plain) is Plain  # a class is not an instance
+
+
 def test_results_record_writes_strict_json(monkeypatch, tmp_path):
     import json
     import math
