@@ -197,8 +197,9 @@ def _cmd_bench_service(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_json(path: Path | None, result: dict) -> None:
-    """Write a command's ``--json`` result (atomically, strict JSON), if asked to."""
+def _write_json(path: Path | None, result: object) -> None:
+    """Write a command's ``--json`` result (atomically, strict JSON; a dataclass result as
+    its ``as_dict()``), if asked to."""
     if path is not None:
         from chexnet_utils.platform.atomic import write_json_atomic
 
