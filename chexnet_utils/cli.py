@@ -210,7 +210,7 @@ def _write_json(path: Path | None, result: object) -> None:
 
 def _cmd_bench_conversion(args: argparse.Namespace) -> int:
     from chexnet_utils.config import work_dir
-    from chexnet_utils.data.tfrecords import bench_conversion, format_bench_conversion
+    from chexnet_utils.data.tfrecords import bench_conversion
 
     sizes = [None if s in ("original", "none", "0") else int(s)
              for s in args.image_sizes.split(",")]
@@ -218,7 +218,7 @@ def _cmd_bench_conversion(args: argparse.Namespace) -> int:
     result = bench_conversion(args.data_dir, work_dir(), image_sizes=sizes, workers=workers,
                               repeats=args.repeats, shard_size=args.shard_size,
                               progress=not args.no_progress)
-    print(format_bench_conversion(result))
+    print(result)
     _write_json(args.json, result)
     return 0
 

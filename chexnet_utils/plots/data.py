@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from chexnet_utils.data.labels import NIH_PREVALENCE, PATHOLOGIES
+
+if TYPE_CHECKING:
+    from chexnet_utils.data.tfrecords.bench import ConversionThroughput
 
 
 def label_distribution(prevalence: Mapping[str, float], reference: Mapping[str, float]
@@ -90,18 +93,18 @@ def similarity_histogram(same: Sequence[float] | np.ndarray,
     return fig
 
 
-def conversion_throughput(bench: Mapping[str, Any]):  # noqa: ANN201
+def conversion_throughput(bench: ConversionThroughput):  # noqa: ANN201
     """One panel per image size of :func:`chexnet_utils.data.tfrecords.bench_conversion`'s result:
     images/s of the conversion with each worker count, the speed-up in the panel title."""
     import matplotlib.pyplot as plt
 
-    runs = dict(bench["runs"])
+    runs = bench.runs
     fig, axes = plt.subplots(1, len(runs), figsize=(9, 3.2), sharey=True, squeeze=False)
     for ax, (size, run) in zip(axes[0], runs.items(), strict=True):
-        rates = dict(run["mean_img_per_s"])
+        rates = run.mean_img_per_s
         ax.bar([f"{w} worker(s)" for w in rates], list(rates.values()),
                color=["tab:gray", "tab:blue"][: len(rates)])
-        ax.set_title(f"{size} px: {run['speedup']:.2f}x")
+        ax.set_title(f"{size} px: {run.speedup:.2f}x")
     axes[0][0].set_ylabel("images / s")
     fig.tight_layout()
     return fig

@@ -23,8 +23,12 @@ def test_similarity_histogram_has_both_groups() -> None:
 
 
 def test_conversion_throughput_one_panel_per_size() -> None:
-    bench = {"runs": {"original": {"mean_img_per_s": {1: 50.0, 2: 90.0}, "speedup": 1.8},
-                      "320": {"mean_img_per_s": {1: 40.0, 2: 76.0}, "speedup": 1.9}}}
+    from chexnet_utils.data.tfrecords import ConversionRuns, ConversionThroughput
+
+    bench = ConversionThroughput(
+        cores=2, workers=[1, 2], repeats=1, shard_size=4, data_dir="d", n_images=8,
+        runs={"original": ConversionRuns({1: [50.0], 2: [90.0]}),
+              "320": ConversionRuns({1: [40.0], 2: [76.0]})})
     fig = plots.conversion_throughput(bench)
     assert len(fig.axes) == 2
     first, second = fig.axes

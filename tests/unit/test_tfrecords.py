@@ -684,6 +684,27 @@ def test_bench_conversion_cli_reports_every_setting(tmp_path, monkeypatch):
     assert list((tmp_path / "work").iterdir()) == []
 
 
+def test_conversion_throughput_figures_table_and_json_layout():
+    """The means and the speed-up are computed from the runs (last worker count over the
+    first); the table is what ``bench conversion`` prints; ``as_dict()`` keeps the JSON
+    layout of the results written before the dataclass (worker counts as strings)."""
+    from chexnet_utils.data.tfrecords import ConversionRuns, ConversionThroughput
+    from chexnet_utils.platform.atomic import json_safe
+
+    runs = ConversionRuns({1: [40.0, 60.0], 2: [90.0, 110.0]})
+    assert runs.mean_img_per_s == {1: 50.0, 2: 100.0} and runs.speedup == 2.0
+    r = ConversionThroughput(cores=2, workers=[1, 2], repeats=2, shard_size=32, data_dir="d",
+                             n_images=12, runs={"original": runs})
+    assert str(r).splitlines() == [
+        "conversion of 12 images, 2 cores, 2 repeats (images/s, whole call):",
+        "  image size original:  1 worker(s):    50.0  2 worker(s):   100.0   speed-up 2.00x"]
+    assert json.loads(json.dumps(json_safe(r))) == {
+        "cores": 2, "workers": [1, 2], "repeats": 2, "shard_size": 32, "data_dir": "d",
+        "n_images": 12, "runs": {"original": {
+            "img_per_s": {"1": [40.0, 60.0], "2": [90.0, 110.0]},
+            "mean_img_per_s": {"1": 50.0, "2": 100.0}, "speedup": 2.0}}}
+
+
 def test_two_processes_preparing_the_same_tfrecords_take_turns(tmp_path):
     """Two notebooks opened at once both call prepare_tfrecords (no TensorFlow: the data set
     and the shards are written by this package): the second waits for the first (it says

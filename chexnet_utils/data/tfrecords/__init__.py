@@ -11,7 +11,8 @@ Modules, one concern each (every public name is re-exported here):
 - :mod:`~chexnet_utils.data.tfrecords.convert`: the converter (:func:`convert_dataset`);
 - :mod:`~chexnet_utils.data.tfrecords.verify`: folder layout, manifest, :func:`list_shards`,
   :func:`verify`;
-- :mod:`~chexnet_utils.data.tfrecords.bench`: conversion throughput (:func:`bench_conversion`).
+- :mod:`~chexnet_utils.data.tfrecords.bench`: conversion throughput (:func:`bench_conversion`,
+  a :class:`ConversionThroughput`).
 
 Why TFRecords: 112,120 PNGs of ~400 KB each are read far faster as a few hundred large files
 than as small ones, and the labels travel with the pixels. One conversion serves every later
@@ -91,7 +92,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from chexnet_utils.data.tfrecords.bench import bench_conversion, decode_ms, format_bench_conversion
+from chexnet_utils.data.tfrecords.bench import (
+    ConversionRuns,
+    ConversionThroughput,
+    bench_conversion,
+    decode_ms,
+)
 from chexnet_utils.data.tfrecords.convert import ConversionResult, convert_dataset
 from chexnet_utils.data.tfrecords.images import (
     PNG_COMPRESS_LEVEL,
@@ -146,6 +152,8 @@ __all__ = [
     "SPLITS",
     "ConversionError",
     "ConversionResult",
+    "ConversionRuns",
+    "ConversionThroughput",
     "VerifyReport",
     "bench_conversion",
     "convert_dataset",
@@ -155,7 +163,6 @@ __all__ = [
     "decode_image",
     "encode_example",
     "feature_spec",
-    "format_bench_conversion",
     "frame_record",
     "list_shards",
     "load_manifest",

@@ -1,9 +1,11 @@
 """Conversion throughput: :func:`bench_conversion` times :func:`convert_dataset` with 1 and N
-worker processes side by side (``python -m chexnet_utils bench conversion``)."""
+worker processes side by side (``python -m chexnet_utils bench conversion``) and returns a
+:class:`ConversionThroughput` (``print(result)``: the table; ``result.as_dict()``: its JSON)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +14,73 @@ import numpy as np
 from chexnet_utils.data.tfrecords.convert import convert_dataset
 from chexnet_utils.hardware.devices import usable_cores
 
-__all__ = ["bench_conversion", "decode_ms", "format_bench_conversion"]
+__all__ = ["ConversionRuns", "ConversionThroughput", "bench_conversion", "decode_ms"]
+
+
+@dataclass(frozen=True)
+class ConversionRuns:
+    """The conversions of one image size: images/s of every run, per worker count."""
+
+    img_per_s: dict[int, list[float]]
+    """Worker count -> images/s of each repeat (whole call), in the order the counts were
+    given (fewest first)."""
+
+    @property
+    def mean_img_per_s(self) -> dict[int, float]:
+        """Worker count -> mean images/s over the repeats."""
+        return {w: float(np.mean(v)) for w, v in self.img_per_s.items()}
+
+    @property
+    def speedup(self) -> float:
+        """Mean images/s with the last worker count over the first (N workers over 1)."""
+        means = list(self.mean_img_per_s.values())
+        return means[-1] / means[0]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON layout: ``img_per_s``, ``mean_img_per_s``, ``speedup``."""
+        return {"img_per_s": self.img_per_s, "mean_img_per_s": self.mean_img_per_s,
+                "speedup": self.speedup}
+
+
+@dataclass(frozen=True)
+class ConversionThroughput:
+    """What :func:`bench_conversion` measured; ``print(result)`` shows the table."""
+
+    cores: int | None
+    """Cores this process could use."""
+    workers: list[int]
+    """The worker counts, in the order given."""
+    repeats: int
+    """Conversions per worker count and image size."""
+    shard_size: int | None
+    """Records per shard (``None``: the converter's default)."""
+    data_dir: str
+    """The data set converted."""
+    n_images: int
+    """Images in one conversion (0 when nothing ran)."""
+    runs: dict[str, ConversionRuns] = field(default_factory=dict)
+    """Image size (``"original"``: the stored bytes kept, or the side in px as text) -> its
+    runs."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``--json`` layout (as before the dataclass): the fields, each size's runs with
+        their means and speed-up."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "runs"},
+                "runs": {key: run.as_dict() for key, run in self.runs.items()}}
+
+    def __str__(self) -> str:
+        lines = [f"conversion of {self.n_images or '?'} images, {self.cores} cores, "
+                 f"{self.repeats} repeats (images/s, whole call):"]
+        for key, run in self.runs.items():
+            cells = "  ".join(f"{w} worker(s): {m:7.1f}" for w, m in run.mean_img_per_s.items())
+            lines.append(f"  image size {key:>8}:  {cells}   speed-up {run.speedup:.2f}x")
+        return "\n".join(lines)
 
 
 def bench_conversion(data_dir: Path | str, work_dir: Path | str,
                      image_sizes: Sequence[int | None] = (None, 320),
                      workers: Sequence[int] | None = None, repeats: int = 2,
-                     shard_size: int | None = 32, progress: bool = True) -> dict[str, Any]:
+                     shard_size: int | None = 32, progress: bool = True) -> ConversionThroughput:
     """Conversion throughput for each worker count and image size, measured side by side.
 
     For every ``image_size`` (``None`` = store the original bytes) the data set is converted
@@ -26,7 +88,8 @@ def bench_conversion(data_dir: Path | str, work_dir: Path | str,
     phases of a noisy machine hit both equally; every run writes into a fresh folder under
     ``work_dir`` (removed afterwards). The whole call is timed (scan, pool start-up and
     writing), since that is what a user waits for. Returns per-run images/s, the mean per
-    worker count, and ``speedup`` = mean(N workers) / mean(1 worker) per image size.
+    worker count, and ``speedup`` = mean(N workers) / mean(1 worker) per image size, keyed by
+    ``"original"`` or the size as text (``runs["320"]``).
     """
     import shutil
     import tempfile
@@ -35,8 +98,8 @@ def bench_conversion(data_dir: Path | str, work_dir: Path | str,
     counts = list(workers) if workers else sorted({1, int(cores or 1)})
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Any] = {"cores": cores, "workers": counts, "repeats": repeats,
-                           "shard_size": shard_size, "data_dir": str(data_dir), "runs": {}}
+    runs: dict[str, ConversionRuns] = {}
+    n_images = 0
     for size in image_sizes:
         key = f"{size or 'original'}"
         rates: dict[int, list[float]] = {w: [] for w in counts}
@@ -49,25 +112,11 @@ def bench_conversion(data_dir: Path | str, work_dir: Path | str,
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
                 rates[w].append(res.images_per_s)
-                out["n_images"] = res.num_images
-        means = {w: float(np.mean(v)) for w, v in rates.items()}
-        out["runs"][key] = {
-            "img_per_s": {str(w): v for w, v in rates.items()},
-            "mean_img_per_s": {str(w): m for w, m in means.items()},
-            "speedup": means[counts[-1]] / means[counts[0]],
-        }
-    return out
-
-
-def format_bench_conversion(r: dict[str, Any]) -> str:
-    """Readable table of :func:`bench_conversion` results."""
-    lines = [f"conversion of {r.get('n_images', '?')} images, {r['cores']} cores, "
-             f"{r['repeats']} repeats (images/s, whole call):"]
-    for key, run in r["runs"].items():
-        means = run["mean_img_per_s"]
-        cells = "  ".join(f"{w} worker(s): {m:7.1f}" for w, m in means.items())
-        lines.append(f"  image size {key:>8}:  {cells}   speed-up {run['speedup']:.2f}x")
-    return "\n".join(lines)
+                n_images = res.num_images
+        runs[key] = ConversionRuns(rates)
+    return ConversionThroughput(cores=cores, workers=counts, repeats=repeats,
+                            shard_size=shard_size, data_dir=str(data_dir), n_images=n_images,
+                            runs=runs)
 
 
 def decode_ms(tfrecords_dir: Path | str, image_size: int, n: int = 40,
