@@ -27,7 +27,9 @@ Commands
 from __future__ import annotations
 
 import argparse
+import collections.abc
 import dataclasses
+import inspect
 import json
 import sys
 import types
@@ -36,7 +38,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from chexnet_utils.platform.checks import literal_choices
 from chexnet_utils.training import TrainConfig
 
 Handler = Callable[[argparse.Namespace], int]
@@ -72,6 +73,17 @@ TRAIN_OPTIONS: dict[str, Option] = {
 """The ``train`` command's options: a :class:`~chexnet_utils.training.TrainConfig` field ->
 its flag and help. Type, default and choices come from the field (see
 :func:`add_config_options`); ``--quiet`` (``verbose=0``) is the one option added by hand."""
+
+CONVERSION_OPTIONS: dict[str, Option] = {
+    "data_dir": Option("--data-dir", "NIH-layout folder", "DIR"),
+    "workers": Option("--workers", "comma list of worker counts (default: 1 and all cores)",
+                      "LIST"),
+    "repeats": Option("--repeats", "runs per setting", "N"),
+    "shard_size": Option("--shard-size", "images per shard", "N"),
+}
+"""``bench conversion``'s options: a parameter of
+:func:`~chexnet_utils.data.tfrecords.bench_conversion` -> its flag and help (type and
+default from the parameter); ``--image-sizes``, ``--no-progress`` and ``--json`` by hand."""
 
 TRAIN_REQUIRED = ("arch", "epochs")
 """Fields the command asks for although ``TrainConfig`` has defaults: a training run says
@@ -212,12 +224,9 @@ def _cmd_bench_conversion(args: argparse.Namespace) -> int:
     from chexnet_utils.config import work_dir
     from chexnet_utils.data.tfrecords import bench_conversion
 
-    sizes = [None if s in ("original", "none", "0") else int(s)
-             for s in args.image_sizes.split(",")]
-    workers = [int(w) for w in args.workers.split(",")] if args.workers else None
-    result = bench_conversion(args.data_dir, work_dir(), image_sizes=sizes, workers=workers,
-                              repeats=args.repeats, shard_size=args.shard_size,
-                              progress=not args.no_progress)
+    result = bench_conversion(work_dir=work_dir(), image_sizes=args.image_sizes,
+                              progress=not args.no_progress,
+                              **option_values(args, CONVERSION_OPTIONS))
     print(result)
     _write_json(args.json, result)
     return 0
@@ -432,6 +441,8 @@ def _add_data_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def _add_input_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``bench pipelines``, ``bench service`` and ``bench conversion``: one machine's input."""
+    from chexnet_utils.data.tfrecords.bench import bench_conversion
+
     b = bench.add_parser("pipelines", help="old vs new input pipeline on converted TFRecords")
     b.add_argument("--tfrecords", type=Path, required=True, help="converted folder")
     b.add_argument("--json", type=Path, required=True, help="write the results here")
@@ -462,15 +473,20 @@ def _add_input_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentPar
     b.set_defaults(handler=_cmd_bench_service)
 
     b = bench.add_parser("conversion", help="TFRecord conversion images/s, 1 vs all workers")
-    b.add_argument("--data-dir", type=Path, required=True, help="NIH-layout folder")
+    add_config_options(b, bench_conversion, CONVERSION_OPTIONS)
     b.add_argument("--json", type=Path, default=None, help="write the results here")
-    b.add_argument("--image-sizes", default="original,320",
-                   help="comma list; 'original' stores the source bytes (default original,320)")
-    b.add_argument("--workers", default="", help="comma list (default: 1 and all cores)")
-    b.add_argument("--repeats", type=int, default=2, help="runs per setting (default 2)")
-    b.add_argument("--shard-size", type=int, default=32, help="images per shard (default 32)")
+    sizes = _shown(["original" if s is None else s
+                    for s in _parameters(bench_conversion)["image_sizes"][1]])
+    b.add_argument("--image-sizes", type=_image_sizes, default=sizes, metavar="LIST",
+                   help=f"comma list; 'original' stores the source bytes (default {sizes})")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(handler=_cmd_bench_conversion)
+
+
+def _image_sizes(text: str) -> list[int | None]:
+    """``--image-sizes``: a comma list of sides in px, ``original`` (or ``none``, ``0``) for
+    the stored bytes kept."""
+    return [None if v in ("original", "none", "0") else int(v) for v in text.split(",") if v]
 
 
 def _add_cluster_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -547,39 +563,87 @@ def _add_train_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def _option_type(hint: Any) -> Callable[[str], Any]:
     """What parses a command-line value of a field typed ``hint``: ``Path`` for paths,
-    the values' type for a ``Literal``, the non-``None`` member of an optional type."""
-    if typing.get_origin(hint) is typing.Literal:
+    the values' type for a ``Literal``, the non-``None`` member of an optional type, a
+    comma list for a sequence (``Sequence[int]``: ``"1,2"`` -> ``[1, 2]``)."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
         return type(typing.get_args(hint)[0])
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+    if origin in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(hint) if a is not type(None)]
         return Path if Path in members else _option_type(members[0])
+    if origin in (collections.abc.Sequence, list, tuple):
+        item = _option_type(typing.get_args(hint)[0])
+        return lambda text: [item(v) for v in text.split(",") if v]
     return typing.cast(Callable[[str], Any], hint)
 
 
-def add_config_options(parser: argparse.ArgumentParser, cls: type,
+def _parameters(source: Callable[..., Any]) -> dict[str, tuple[Any, Any]]:
+    """Name -> (type, default) of dataclass ``source``'s fields or function ``source``'s
+    parameters (``dataclasses.MISSING``: no default). A function's annotations are resolved
+    one by one in its module, so a parameter annotated with a name imported only for type
+    checkers (``keras.Model``) does not stop the others."""
+    if isinstance(source, type) and dataclasses.is_dataclass(source):
+        hints = typing.get_type_hints(source)
+        return {f.name: (hints[f.name], f.default) for f in dataclasses.fields(source)}
+    out: dict[str, tuple[Any, Any]] = {}
+    for name, p in inspect.signature(source).parameters.items():
+        hint = p.annotation
+        if isinstance(hint, str):
+            try:
+                hint = eval(hint, vars(inspect.getmodule(source)))  # what get_type_hints does
+            except NameError:
+                hint = Any
+        default = dataclasses.MISSING if p.default is inspect.Parameter.empty else p.default
+        out[name] = (hint, default)
+    return out
+
+
+def _shown(default: Any) -> str:
+    """A default as a user types it (``[1, 2]`` -> ``1,2``)."""
+    if isinstance(default, (list, tuple)):
+        return ",".join(str(v) for v in default)
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def add_config_options(parser: argparse.ArgumentParser, source: Callable[..., Any],
                        options: Mapping[str, Option],
                        required: Sequence[str] = ()) -> None:
-    """Add an option per field of dataclass ``cls`` named in ``options`` (field -> flag,
-    help, placeholder), in that order: ``dest`` the field; type, default and choices
-    (``Literal`` fields) from the field, so the command line cannot drift from the dataclass;
-    a field without a default, or in ``required``, is required; a ``bool`` field (default
-    ``False``) is a switch."""
-    hints = typing.get_type_hints(cls)
-    choices = literal_choices(cls)
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    """Add an option per field of dataclass ``source`` (or parameter of function ``source``)
+    named in ``options`` (name -> flag, help, placeholder), in that order: ``dest`` the name;
+    type, default and choices (``Literal`` types) from the field, so the command line cannot
+    drift from the code; a field without a default, or in ``required``, is required; a
+    ``bool`` field (default ``False``) is a switch; a sequence is a comma list."""
+    params = _parameters(source)
     for name, (flag, help_text, metavar) in options.items():
-        default = defaults[name]
-        if hints[name] is bool:
+        hint, default = params[name]
+        if hint is bool:
             if default is not False:
-                raise ValueError(f"{cls.__name__}.{name}: a switch needs the default False")
+                raise ValueError(f"{source.__name__}.{name}: a switch needs the default False")
             parser.add_argument(flag, dest=name, action="store_true", help=help_text)
             continue
         needed = default is dataclasses.MISSING or name in required
-        shown = "" if needed or default is None else f" (default {default})"
-        parser.add_argument(flag, dest=name, type=_option_type(hints[name]),
-                            required=needed, choices=choices.get(name), metavar=metavar,
+        shown = "" if needed or default is None else f" (default {_shown(default)})"
+        parser.add_argument(flag, dest=name, type=_option_type(hint),
+                            required=needed, choices=_choices(hint), metavar=metavar,
                             default=None if default is dataclasses.MISSING else default,
                             help=help_text + shown)
+
+
+def _choices(hint: Any) -> tuple[Any, ...] | None:
+    """The values of a ``Literal`` type (also inside ``X | None``), else ``None``."""
+    if typing.get_origin(hint) is typing.Literal:
+        return typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        for member in typing.get_args(hint):
+            if typing.get_origin(member) is typing.Literal:
+                return typing.get_args(member)
+    return None
+
+
+def option_values(args: argparse.Namespace, options: Mapping[str, Option]) -> dict[str, Any]:
+    """The parsed values of ``options`` (added by :func:`add_config_options`), by name: the
+    keyword arguments of the dataclass or function they came from."""
+    return {name: getattr(args, name) for name in options}
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

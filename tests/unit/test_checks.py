@@ -70,6 +70,46 @@ def test_train_command_options_take_type_default_and_choices_from_train_config()
     assert isinstance(cfg.learning_rate, float) and isinstance(cfg.image_size, int)
 
 
+BENCH_COMMANDS = [
+    # (argv with the required options, where the function is defined, its name, options)
+    (["bench", "conversion", "--data-dir", "d"], "chexnet_utils.data.tfrecords.bench",
+     "bench_conversion", "CONVERSION_OPTIONS"),
+]
+
+
+@pytest.mark.parametrize(("argv", "module", "function", "options"), BENCH_COMMANDS,
+                         ids=[c[0][1] for c in BENCH_COMMANDS])
+def test_bench_command_options_take_their_defaults_from_the_function(argv, module, function,
+                                                                     options):
+    """Every option of a bench command that has a default parses to the default of the
+    benchmark function's parameter it is named after: no default copied by hand."""
+    import importlib
+    import inspect
+
+    from chexnet_utils import cli
+
+    fn = getattr(importlib.import_module(module), function)
+    table = getattr(cli, options)
+    values = cli.option_values(cli.build_parser().parse_args(argv), table)
+    params = inspect.signature(fn).parameters
+    assert set(table) <= set(params)
+    for name, value in values.items():
+        default = params[name].default
+        if default is not inspect.Parameter.empty:
+            expected = list(default) if isinstance(default, tuple) else default
+            assert value == expected, name
+
+
+def test_a_sequence_option_is_a_comma_list():
+    from collections.abc import Sequence
+
+    from chexnet_utils import cli
+
+    assert cli._option_type(Sequence[int])("1,2,4") == [1, 2, 4]
+    assert cli._option_type(Sequence[str] | None)("old,new") == ["old", "new"]
+    assert cli._shown((1, 2)) == "1,2" and cli._shown(1e9) == "1e+09"
+
+
 @pytest.mark.parametrize("argv", [["--arch", "vgg16"], ["--pipeline", "fast"],
                                   ["--epochs", "two"]])
 def test_train_command_refuses_values_its_config_would(argv, capsys):
