@@ -9,7 +9,7 @@
 - :mod:`~chexnet_utils.model.accelerator`: GPU speed switches: mixed precision and XLA, on by
   default where the process has a GPU;
 - :mod:`~chexnet_utils.model.explain`: Grad-CAM: where in the image did the model look for a
-  pathology? (notebook 03).
+  pathology? (notebook 03; imports TensorFlow and Keras).
 
 Importing the wing imports none of them (and no TensorFlow):
 ``from chexnet_utils.model import models``

@@ -19,17 +19,16 @@ The models of :func:`chexnet_utils.model.models.build_chexnet` nest their backbo
 named ``"backbone"``; :func:`grad_cam` looks inside nested models, so it finds DenseNet-121's
 ``relu``, ResNet-50's ``conv5_block3_out`` and the ``small`` model's ``block4_relu`` by itself.
 
-TensorFlow/Keras are imported on first use.
+Importing this module imports TensorFlow and Keras (nothing TensorFlow-free needs it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import keras
 import numpy as np
-
-if TYPE_CHECKING:
-    import keras
+import tensorflow as tf
 
 __all__ = ["find_layer", "grad_cam", "last_conv_layer", "layer_chain"]
 
@@ -37,8 +36,6 @@ _SEP = "/"
 
 
 def _is_nested_model(layer: Any) -> bool:
-    import keras
-
     return isinstance(layer, keras.Model)
 
 
@@ -56,8 +53,6 @@ def _output_rank(layer: Any) -> int | None:
 def _feature_layers(model: keras.Model, prefix: str = "") -> list[tuple[str, Any]]:
     """``(path, layer)`` of every layer with a 4-D output, in graph order, nested models
     expanded (path ``"backbone/relu"``). Input layers are left out (the image is 4-D too)."""
-    import keras
-
     found: list[tuple[str, Any]] = []
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
@@ -127,8 +122,6 @@ def _grad_model(model: keras.Model, path: str) -> keras.Model:
     re-run layer by layer (it must be a chain, as :func:`build_chexnet` makes it; checked
     numerically by :func:`grad_cam`).
     """
-    import keras
-
     parts = path.split(_SEP)
     *chain, target = layer_chain(model, path)
     if len(parts) == 1:
@@ -183,8 +176,6 @@ def grad_cam(model: keras.Model, image: np.ndarray | Any, class_index: int,
     gradient vanishes. Raises ``ValueError`` for an unknown layer or a class index out of
     range.
     """
-    import tensorflow as tf
-
     x = np.asarray(image, dtype=np.float32)
     if x.ndim == 3:
         x = x[None]

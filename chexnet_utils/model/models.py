@@ -39,7 +39,7 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from keras import ops
+from keras import layers, ops
 
 from chexnet_utils.data.labels import NUM_CLASSES
 from chexnet_utils.model.architectures import ARCHITECTURES, IMAGENET_WEIGHT_FILES
@@ -281,7 +281,6 @@ def _small_backbone(input_size: int, widths: Sequence[int] = (16, 32, 64, 128, 1
     epochs (validation loss rising while training loss falls). ``widths``/``pooling`` are for
     experiments.
     """
-    from keras import layers
 
     def block(x: Any, filters: int, name: str, strides: int = 1) -> Any:
         x = layers.Conv2D(filters, 3, strides=strides, padding="same", use_bias=False,
