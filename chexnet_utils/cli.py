@@ -328,8 +328,7 @@ def _add_run_options(b: argparse.ArgumentParser, image_size: int | None,
 
 
 def _cmd_bench_link(args: argparse.Namespace) -> int:
-    from chexnet_utils.bench.link import bench_link, link_tables, link_unavailable
-    from chexnet_utils.notebook.tables import markdown_table
+    from chexnet_utils.bench.link import bench_link, link_unavailable
 
     reason = link_unavailable()
     if reason:
@@ -340,9 +339,7 @@ def _cmd_bench_link(args: argparse.Namespace) -> int:
                         launchers=args.launchers.split(",") if args.launchers else None,
                         hierarchical=not args.no_hierarchical,
                         log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
-    print(f"preset {result['preset']}, {result['wall_s']:.0f} s")
-    for caption, rows in link_tables(result).items():
-        print(f"\n{caption}\n{markdown_table(rows, floatfmt='.3g')}")
+    print(result)
     _write_json(args.json, result)
     return 0
 

@@ -5,12 +5,16 @@
   ``count_iters`` allreduces of ``count_bytes`` (did the traffic cross the link, and how
   much?) and times an allreduce sweep (:func:`chexnet_utils.comm.collectives.allreduce_times`).
 * :func:`tcp_throughput`: the link's raw TCP throughput, a plain socket transfer from
-  nodeA to nodeB, timed by the receiver.
+  nodeA to nodeB, timed by the receiver (a :class:`TcpThroughput`).
 * :func:`bench_link`: all of it unshaped and with the link shaped by ``tbf`` (default
   1 Gbit/s), the alpha-beta fit of :mod:`chexnet_utils.comm.costmodel` on each, the model's
   prediction error on the shaped link, bus bandwidth as a fraction of raw TCP, and
-  ``HOROVOD_HIERARCHICAL_ALLREDUCE=1`` with two ranks per node (MPI and Gloo).
-  ``python -m chexnet_utils bench link`` prints them as text tables.
+  ``HOROVOD_HIERARCHICAL_ALLREDUCE=1`` with two ranks per node (MPI and Gloo), as a
+  :class:`LinkResult`: a :class:`LinkBlock` per state of the link (its :class:`TcpThroughput`
+  and a :class:`SweepFit` per launcher), :class:`LinkCounts` per launcher,
+  :class:`ShapedPrediction` per launcher (a property) and :class:`HierarchicalRow` s.
+  ``str(result)`` is the text tables ``python -m chexnet_utils bench link`` prints,
+  ``result.tables()`` their rows, ``result.as_dict()`` what its ``--json`` writes.
 
 Expected link traffic of one ring allreduce of ``S`` bytes over ``N`` ranks: every rank
 sends ``2 (N - 1) / N * S``; with two nodes of one rank each that is ``S`` per direction
@@ -38,6 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,14 +66,48 @@ LAUNCHERS: dict[str, tuple[str, dict[str, str]]] = {
 algorithm), ``mpirun-rd`` (Open MPI told to use recursive doubling, algorithm 3: for 2
 ranks one exchange of the whole tensor each way) and ``gloo`` (``horovodrun --gloo``)."""
 
-PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {"max_bytes": 16 * MIB, "factor": 4, "repeats": 3, "count_bytes": 16 * MIB,
-              "count_iters": 2, "tcp_bytes": 64 * MIB, "hier_bytes": 4 * MIB,
-              "hier_flat": False, "launchers": ("mpirun", "gloo")},
-    "full": {"max_bytes": 64 * MIB, "factor": 2, "repeats": 5, "count_bytes": 64 * MIB,
-             "count_iters": 3, "tcp_bytes": 256 * MIB, "hier_bytes": 16 * MIB,
-             "hier_flat": True, "launchers": ("mpirun", "mpirun-rd", "gloo")},
-}
+
+
+@dataclass(frozen=True)
+class LinkPreset:
+    """Sizes and counts of one :func:`bench_link` run (:data:`PRESETS`)."""
+
+    name: str
+    """The preset's key in :data:`PRESETS`."""
+    max_bytes: int
+    """Largest allreduce of the sweep (bytes); the sweep starts at 4 KiB."""
+    factor: int
+    """Ratio of consecutive sizes of the sweep."""
+    repeats: int
+    """Timed allreduces per size (their median is kept)."""
+    count_bytes: int
+    """Size of the allreduces whose bytes over the link are counted (bytes)."""
+    count_iters: int
+    """How many of them are counted."""
+    tcp_bytes: int
+    """Bytes of the raw TCP transfer on the unshaped link (the shaped one sends at most as
+    many: half a second at the rate, at least 16 MiB)."""
+    hier_bytes: int
+    """Allreduce size of the runs with two ranks per node (bytes)."""
+    hier_flat: bool
+    """Those runs also with ``HOROVOD_HIERARCHICAL_ALLREDUCE=0`` (else only ``=1``)."""
+    launchers: tuple[str, ...]
+    """Default launchers (names of :data:`LAUNCHERS`)."""
+
+    @property
+    def sizes_bytes(self) -> list[int]:
+        """The sweep's sizes: 4 KiB, then times :attr:`factor` up to :attr:`max_bytes`."""
+        return message_sizes(self.max_bytes, min_bytes=4 * KIB, factor=self.factor)
+
+
+PRESETS: dict[str, LinkPreset] = {p.name: p for p in (
+    LinkPreset("quick", max_bytes=16 * MIB, factor=4, repeats=3, count_bytes=16 * MIB,
+               count_iters=2, tcp_bytes=64 * MIB, hier_bytes=4 * MIB, hier_flat=False,
+               launchers=("mpirun", "gloo")),
+    LinkPreset("full", max_bytes=64 * MIB, factor=2, repeats=5, count_bytes=64 * MIB,
+               count_iters=3, tcp_bytes=256 * MIB, hier_bytes=16 * MIB, hier_flat=True,
+               launchers=("mpirun", "mpirun-rd", "gloo")),
+)}
 """``quick`` fits a notebook section (about a minute on 2 cores), ``full`` is
 ``bench link``'s default."""
 
@@ -97,6 +136,364 @@ def expected_link_bytes(size_bytes: float, ranks_per_node: int = 1, nodes: int =
 def relative_error(predicted: float, measured: float) -> float:
     """``(predicted - measured) / measured``."""
     return (predicted - measured) / measured
+
+
+# ---------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TcpThroughput:
+    """Raw TCP from nodeA to nodeB (:func:`tcp_throughput`): one socket, timed by the
+    receiver."""
+
+    bytes: int
+    """Bytes received after the receiver's first read (its clock starts then)."""
+    seconds: float
+    """Time those bytes took (s)."""
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Throughput (bytes/s)."""
+        return self.bytes / self.seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        """``bytes``, ``seconds``, ``bytes_per_s``."""
+        return {**asdict(self), "bytes_per_s": self.bytes_per_s}
+
+    def __str__(self) -> str:
+        return (f"{format_bytes(self.bytes)} in {self.seconds:.3g} s: "
+                f"{self.bytes_per_s * 8 / 1e9:.3g} Gbit/s")
+
+
+@dataclass(frozen=True)
+class SweepFit:
+    """One allreduce sweep across the link (:func:`sweep_summary`) and what follows from
+    it: the ring's alpha-beta fit (:func:`~chexnet_utils.comm.costmodel.fit_alpha_beta`)
+    and bus bandwidth, the largest size's as a fraction of the link's raw TCP."""
+
+    sizes_bytes: list[int]
+    """Allreduce sizes (bytes), ascending."""
+    times_s: list[float]
+    """Time per allreduce of each size (s): the median over the repeats of the slowest
+    rank."""
+    ranks: int
+    """Ranks of the allreduce (2: one per node)."""
+    tcp_Bps: float
+    """Raw TCP throughput of the same link (bytes/s): the block's ``tcp``, what
+    :attr:`busbw_fraction_of_tcp` divides by."""
+    wall_s: float
+    """Wall time of the probe launch that measured it (s; one launch measures the unshaped
+    and the shaped sweep)."""
+
+    def __post_init__(self) -> None:
+        if len(self.sizes_bytes) != len(self.times_s):
+            raise ValueError(f"{len(self.sizes_bytes)} sizes but {len(self.times_s)} times")
+
+    @property
+    def alpha_beta(self) -> tuple[float, float]:
+        """``(alpha_s, beta_s_per_byte)`` of the ring model fitted to the sweep."""
+        return fit_alpha_beta(self.sizes_bytes, self.times_s, algorithm="ring", n=self.ranks)
+
+    @property
+    def alpha_s(self) -> float:
+        """Fitted latency per message (s)."""
+        return self.alpha_beta[0]
+
+    @property
+    def beta_s_per_byte(self) -> float:
+        """Fitted time per byte (s/byte)."""
+        return self.alpha_beta[1]
+
+    @property
+    def fit_bandwidth_Bps(self) -> float:
+        """``1 / beta`` (bytes/s): the bandwidth the model sees (inf when ``beta`` is 0)."""
+        beta = self.beta_s_per_byte
+        return 1.0 / beta if beta > 0 else float("inf")
+
+    @property
+    def busbw_Bps(self) -> list[float]:
+        """Bus bandwidth of each size (bytes/s, :func:`~chexnet_utils.comm.costmodel.busbw`,
+        ring)."""
+        return [busbw("ring", s, t, self.ranks)
+                for s, t in zip(self.sizes_bytes, self.times_s, strict=True)]
+
+    @property
+    def busbw_large_Bps(self) -> float:
+        """Bus bandwidth of the largest size (bytes/s)."""
+        return self.busbw_Bps[-1]
+
+    @property
+    def busbw_fraction_of_tcp(self) -> float:
+        """:attr:`busbw_large_Bps` over the link's raw TCP throughput."""
+        return self.busbw_large_Bps / self.tcp_Bps
+
+    def as_dict(self) -> dict[str, Any]:
+        """The sweep, its bus bandwidths and fit, ``wall_s`` (``ranks`` and ``tcp_Bps`` are
+        not repeated: the JSON keeps the raw TCP in the block's ``tcp``)."""
+        return {"sizes_bytes": self.sizes_bytes, "times_s": self.times_s,
+                "busbw_Bps": self.busbw_Bps, "alpha_s": self.alpha_s,
+                "beta_s_per_byte": self.beta_s_per_byte,
+                "fit_bandwidth_Bps": self.fit_bandwidth_Bps,
+                "busbw_large_Bps": self.busbw_large_Bps,
+                "busbw_fraction_of_tcp": self.busbw_fraction_of_tcp, "wall_s": self.wall_s}
+
+
+@dataclass(frozen=True)
+class LinkCounts:
+    """Bytes that crossed the link per allreduce (node A's veth counters, read by rank 0
+    around ``count_iters`` allreduces) against what the ring sends (:func:`_counts`)."""
+
+    count_bytes: int
+    """Size of each counted allreduce (bytes)."""
+    count_iters: int
+    """How many allreduces were counted."""
+    tx_per_allreduce: float
+    """Bytes node A sent over its veth per allreduce (payload plus TCP/IP headers)."""
+    rx_per_allreduce: float
+    """Bytes node A received per allreduce."""
+    sum_ok: bool
+    """Every rank's allreduce result was right."""
+    local_size: int
+    """Ranks per node."""
+    hierarchical_env: bool
+    """Run with ``HOROVOD_HIERARCHICAL_ALLREDUCE=1``."""
+
+    @property
+    def expected_flat(self) -> float:
+        """Bytes a flat ring sends over one node's link (:func:`expected_link_bytes`)."""
+        return expected_link_bytes(self.count_bytes, self.local_size)
+
+    @property
+    def expected_hierarchical(self) -> float:
+        """Bytes a hierarchical allreduce sends over one node's link."""
+        return expected_link_bytes(self.count_bytes, self.local_size, hierarchical=True)
+
+    @property
+    def ratio_to_flat(self) -> float:
+        """:attr:`tx_per_allreduce` over :attr:`expected_flat` (a little above 1: headers)."""
+        return self.tx_per_allreduce / self.expected_flat
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields and the expected bytes, in the order of the saved JSON."""
+        return {"count_bytes": self.count_bytes, "count_iters": self.count_iters,
+                "tx_per_allreduce": self.tx_per_allreduce,
+                "rx_per_allreduce": self.rx_per_allreduce,
+                "expected_flat": self.expected_flat,
+                "expected_hierarchical": self.expected_hierarchical,
+                "ratio_to_flat": self.ratio_to_flat, "sum_ok": self.sum_ok,
+                "local_size": self.local_size, "hierarchical_env": self.hierarchical_env}
+
+
+@dataclass(frozen=True)
+class RingPrediction:
+    """The ring model's times on the shaped link with one choice of ``beta``, against the
+    measured ones (:func:`predict_shaped`)."""
+
+    beta_s_per_byte: float
+    """The ``beta`` used (s/byte)."""
+    predicted_s: list[float]
+    """Predicted time of each size of the sweep (s)."""
+    rel_error: list[float]
+    """``(predicted - measured) / measured`` of each size."""
+    mean_abs_error_large: float
+    """Mean ``|rel_error|`` over the sizes >= 1 MiB (all sizes if none is)."""
+
+
+@dataclass(frozen=True)
+class ShapedPrediction:
+    """The alpha-beta model on the shaped link (:func:`predict_shaped`): ``alpha`` fitted
+    on the unshaped link, ``beta`` from the rate or from the shaped link's raw TCP."""
+
+    alpha_s: float
+    """``alpha`` of the unshaped fit (s)."""
+    rate: RingPrediction
+    """With ``beta = 8 / rate``."""
+    tcp: RingPrediction
+    """With ``beta = 1 / raw TCP`` of the shaped link."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """``alpha_s``, ``rate`` and ``tcp`` (each a :class:`RingPrediction`'s fields)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class HierarchicalRow:
+    """Two ranks per node, one launcher, one value of ``HOROVOD_HIERARCHICAL_ALLREDUCE``
+    (:func:`_hierarchical`)."""
+
+    launcher: str
+    """Name in :data:`LAUNCHERS`."""
+    counts: LinkCounts
+    """Bytes over the link per allreduce of ``hier_bytes``."""
+    time_s: float
+    """Time of one allreduce of that size (s, median of the slowest rank)."""
+    wall_s: float
+    """Wall time of the launch (s)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """One flat row: ``launcher``, the counts' keys, ``time_s``, ``wall_s``."""
+        return {"launcher": self.launcher, **self.counts.as_dict(), "time_s": self.time_s,
+                "wall_s": self.wall_s}
+
+
+@dataclass(frozen=True)
+class LinkBlock:
+    """One state of the link (unshaped, or shaped by ``tbf``): its raw TCP throughput and
+    each launcher's sweep."""
+
+    tcp: TcpThroughput
+    """Raw TCP from nodeA to nodeB."""
+    fits: dict[str, SweepFit]
+    """Launcher name -> its allreduce sweep on this link."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"tcp": ..., <launcher>: <sweep>, ...}``."""
+        return {"tcp": self.tcp.as_dict(),
+                **{name: fit.as_dict() for name, fit in self.fits.items()}}
+
+
+@dataclass(frozen=True)
+class LinkResult:
+    """What :func:`bench_link` measured across two nodes; ``str()`` gives the tables
+    ``bench link`` prints, :meth:`tables` their rows."""
+
+    preset: str
+    """Name in :data:`PRESETS`."""
+    rate_bit: float
+    """Rate of the shaped link (bits/s)."""
+    sizes_bytes: list[int]
+    """Allreduce sizes of the sweeps (bytes)."""
+    launchers: list[str]
+    """Names in :data:`LAUNCHERS`, in the order measured."""
+    ips: tuple[str, str]
+    """Addresses of nodeA and nodeB."""
+    prefix: str
+    """Name prefix of everything the run built (:func:`~chexnet_utils.cluster.netns.leftovers`
+    finds what is left of it)."""
+    unshaped: LinkBlock
+    """The veth as it is."""
+    shaped: LinkBlock
+    """The veth shaped by ``tbf`` to :attr:`rate_bit`."""
+    qdisc: str
+    """``tc qdisc show`` of nodeA's veth while shaped."""
+    counts: dict[str, LinkCounts]
+    """Launcher -> bytes over the (unshaped) link per allreduce, one rank per node."""
+    hierarchical: list[HierarchicalRow] | None
+    """Two ranks per node with ``HOROVOD_HIERARCHICAL_ALLREDUCE`` (None: not run)."""
+    wall_s: float
+    """Wall time of the whole benchmark (s), building and removing the nodes included."""
+
+    @property
+    def predictions(self) -> dict[str, ShapedPrediction]:
+        """Launcher -> the alpha-beta model on the shaped link (:func:`predict_shaped`)."""
+        return {name: predict_shaped(self.unshaped.fits[name], self.shaped.fits[name],
+                                     self.rate_bit) for name in self.launchers}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The saved JSON: ``counts`` inside each launcher's unshaped sweep, ``prediction``
+        inside its shaped one, ``hierarchical`` only when run."""
+        unshaped, shaped = self.unshaped.as_dict(), self.shaped.as_dict()
+        predictions = self.predictions
+        for name in self.launchers:
+            unshaped[name]["counts"] = self.counts[name].as_dict()
+            shaped[name]["prediction"] = predictions[name].as_dict()
+        out: dict[str, Any] = {"preset": self.preset, "rate_bit": self.rate_bit,
+                               "sizes_bytes": self.sizes_bytes, "launchers": self.launchers,
+                               "ips": list(self.ips), "prefix": self.prefix,
+                               "unshaped": unshaped, "shaped": shaped, "qdisc": self.qdisc}
+        if self.hierarchical is not None:
+            out["hierarchical"] = [row.as_dict() for row in self.hierarchical]
+        out["wall_s"] = self.wall_s
+        return out
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        """The results as table rows, keyed by caption (for
+        :func:`chexnet_utils.notebook.tables.table` in a notebook; ``str()`` prints them)."""
+        gbit = 8 / 1e9
+        rate = f"tbf {self.rate_bit / 1e9:g} Gbit/s"
+        rows = []
+        for link, block in (("unshaped", self.unshaped), (rate, self.shaped)):
+            for launcher in self.launchers:
+                r = block.fits[launcher]
+                rows.append({"link": link, "launcher": launcher,
+                             "raw TCP Gbit/s": block.tcp.bytes_per_s * gbit,
+                             "busbw Gbit/s": r.busbw_large_Bps * gbit,
+                             "busbw/TCP": r.busbw_fraction_of_tcp,
+                             "alpha us": r.alpha_s * 1e6,
+                             "1/beta Gbit/s": r.fit_bandwidth_Bps * gbit,
+                             "link bytes/expected": self.counts[launcher].ratio_to_flat})
+        tables = {f"two nodes over a veth ({self.ips[0]} <-> {self.ips[1]}), largest "
+                  f"allreduce {format_bytes(self.sizes_bytes[-1])}": rows}
+        predictions = self.predictions
+        tables["alpha-beta model on the shaped link: alpha fitted unshaped, mean |relative "
+               "error| over sizes >= 1 MiB"] = [
+            {"launcher": launcher,
+             "alpha us (unshaped)": predictions[launcher].alpha_s * 1e6,
+             "error, beta = 8/rate": predictions[launcher].rate.mean_abs_error_large,
+             "error, beta = 1/raw TCP": predictions[launcher].tcp.mean_abs_error_large}
+            for launcher in self.launchers]
+        if self.hierarchical:
+            tables["2 ranks per node: bytes over the link per allreduce"] = [
+                {"launcher": r.launcher,
+                 "HOROVOD_HIERARCHICAL_ALLREDUCE": int(r.counts.hierarchical_env),
+                 "size": format_bytes(r.counts.count_bytes),
+                 "link tx / allreduce": format_bytes(r.counts.tx_per_allreduce),
+                 "flat ring expects": format_bytes(r.counts.expected_flat),
+                 "hierarchical expects": format_bytes(r.counts.expected_hierarchical),
+                 "time ms": r.time_s * 1e3} for r in self.hierarchical]
+        return tables
+
+    def loopback_comparison(self, loopback: Mapping[str, tuple[float, float]]
+                            ) -> list[dict[str, Any]]:
+        """Table rows: the alpha-beta fits of one machine's loopback (``loopback``: name ->
+        ``(alpha_s, beta_s_per_byte)``, e.g. notebook 05's section 6 fits) beside the same
+        fits across the two nodes' link, unshaped and shaped.
+
+        ``1/beta`` is the bandwidth the model sees; loopback and an unshaped veth are both
+        limited by the CPUs copying, the shaped link by its rate."""
+        gbit = 8 / 1e9
+
+        def row(where: str, launcher: str, alpha: float, beta: float) -> dict[str, Any]:
+            return {"where": where, "launcher": launcher, "alpha us": alpha * 1e6,
+                    "1/beta Gbit/s": gbit / beta if beta > 0 else float("inf")}
+
+        rows = [row("one machine (loopback, shared memory)", name, a, b)
+                for name, (a, b) in loopback.items()]
+        rate = f"two nodes, tbf {self.rate_bit / 1e9:g} Gbit/s"
+        for block, where in ((self.unshaped, "two nodes, veth unshaped"), (self.shaped, rate)):
+            rows += [row(where, name, *block.fits[name].alpha_beta) for name in self.launchers]
+        return rows
+
+    def __str__(self) -> str:
+        """``preset <name>, <wall> s``, then each of :meth:`tables` under its caption, as
+        markdown (what ``bench link`` prints)."""
+        return f"preset {self.preset}, {self.wall_s:.0f} s" + "".join(
+            f"\n\n{caption}\n{_markdown(rows)}" for caption, rows in self.tables().items())
+
+
+def _markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Rows of :meth:`LinkResult.tables` as a markdown table, floats ``.3g``: the text of
+    :func:`chexnet_utils.notebook.tables.markdown_table` for these rows (of strings, ints
+    and floats; that module is a layer above this one)."""
+    if not rows:
+        return "(no rows)"
+    columns = list(rows[0])
+
+    def cell(v: Any) -> str:
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            return str(int(v))
+        if isinstance(v, (float, np.floating)):
+            return format(float(v), ".3g")
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    numeric = [all(isinstance(r[c], (int, float, np.integer, np.floating))
+                   and not isinstance(r[c], bool) for r in rows) for c in columns]
+    lines = ["| " + " | ".join(columns) + " |",
+             "|" + "|".join("---:" if n else ":---" for n in numeric) + "|"]
+    lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------
@@ -288,12 +685,12 @@ def run_probe(nodes: TwoNodes, launcher: str = "mpirun", sizes: Sequence[int] = 
 
 
 def tcp_throughput(nodes: TwoNodes, nbytes: int = 256 * MIB, timeout: float = 120
-                   ) -> dict[str, float]:
+                   ) -> TcpThroughput:
     """Raw TCP from nodeA to nodeB: one socket, ``nbytes``, timed by the receiver.
 
-    Returns ``bytes`` (those after the receiver's first read, when its clock starts),
-    ``seconds`` and ``bytes_per_s``. Both ends are plain Python (a 4 MiB buffer each way),
-    the same interpreter that runs the ranks.
+    The :class:`TcpThroughput` counts the bytes after the receiver's first read (when its
+    clock starts). Both ends are plain Python (a 4 MiB buffer each way), the same
+    interpreter that runs the ranks.
     """
     prog = [sys.executable, "-m", "chexnet_utils.bench.link"]
     recv = subprocess.Popen(nodes.exec_argv(1, [*prog, "tcp-recv", "--host", nodes.ips[1],
@@ -310,212 +707,137 @@ def tcp_throughput(nodes: TwoNodes, nbytes: int = 256 * MIB, timeout: float = 12
     if recv.returncode != 0:
         raise RuntimeError(f"tcp receiver failed: {stderr[-1500:]}")
     res = json_objects(stdout)[0]
-    return {"bytes": float(res["bytes"]), "seconds": float(res["seconds"]),
-            "bytes_per_s": float(res["bytes"]) / float(res["seconds"])}
+    return TcpThroughput(bytes=int(res["bytes"]), seconds=float(res["seconds"]))
 
 
-def sweep_summary(sweep: dict[str, Any], tcp_bps: float) -> dict[str, Any]:
-    """Alpha-beta fit (ring, :func:`~chexnet_utils.comm.costmodel.fit_alpha_beta`) and bus
-    bandwidth of one allreduce sweep (times of the slowest rank), with the largest size's
-    bus bandwidth as a fraction of the raw TCP throughput ``tcp_bps`` (bytes/s)."""
-    sizes, times = sweep["sizes_bytes"], sweep["times_s"]
-    n = int(sweep["size"])
-    alpha, beta = fit_alpha_beta(sizes, times, algorithm="ring", n=n)
-    bus = [busbw("ring", s, t, n) for s, t in zip(sizes, times, strict=True)]
-    return {"sizes_bytes": sizes, "times_s": times, "busbw_Bps": bus,
-            "alpha_s": alpha, "beta_s_per_byte": beta,
-            "fit_bandwidth_Bps": 1.0 / beta if beta > 0 else float("inf"),
-            "busbw_large_Bps": bus[-1], "busbw_fraction_of_tcp": bus[-1] / tcp_bps}
+def sweep_summary(sweep: Mapping[str, Any], tcp_bps: float, wall_s: float = 0.0) -> SweepFit:
+    """One allreduce sweep of :func:`run_probe` (a rank's ``sweep`` or ``shaped_sweep``:
+    the times of the slowest rank) as a :class:`SweepFit` (alpha-beta fit, bus bandwidth),
+    compared with the raw TCP throughput ``tcp_bps`` (bytes/s) of the same link; ``wall_s``:
+    the probe launch's wall time."""
+    return SweepFit(sizes_bytes=[int(s) for s in sweep["sizes_bytes"]],
+                    times_s=[float(t) for t in sweep["times_s"]], ranks=int(sweep["size"]),
+                    tcp_Bps=float(tcp_bps), wall_s=float(wall_s))
 
 
-def _counts(ranks: list[dict[str, Any]], slots: int = 1,
-            hierarchical: bool = False) -> dict[str, Any]:
-    """Bytes that crossed the link per allreduce (node A's ranks' veth tx) vs expected."""
+def _counts(ranks: list[dict[str, Any]], hierarchical: bool = False) -> LinkCounts:
+    """Bytes that crossed the link per allreduce (node A's veth tx, read by rank 0)."""
     r0 = ranks[0]
-    per = r0["tx_bytes"] / r0["count_iters"]
-    exp = expected_link_bytes(r0["count_bytes"], slots)
-    return {"count_bytes": r0["count_bytes"], "count_iters": r0["count_iters"],
-            "tx_per_allreduce": per, "rx_per_allreduce": r0["rx_bytes"] / r0["count_iters"],
-            "expected_flat": exp,
-            "expected_hierarchical": expected_link_bytes(r0["count_bytes"], slots,
-                                                         hierarchical=True),
-            "ratio_to_flat": per / exp, "sum_ok": all(r["sum_ok"] for r in ranks),
-            "local_size": r0["local_size"], "hierarchical_env": bool(hierarchical)}
+    iters = int(r0["count_iters"])
+    return LinkCounts(count_bytes=int(r0["count_bytes"]), count_iters=iters,
+                      tx_per_allreduce=r0["tx_bytes"] / iters,
+                      rx_per_allreduce=r0["rx_bytes"] / iters,
+                      sum_ok=all(bool(r["sum_ok"]) for r in ranks),
+                      local_size=int(r0["local_size"]), hierarchical_env=bool(hierarchical))
 
 
-def measure_link(nodes: TwoNodes, launchers: Sequence[str], sizes: Sequence[int],
-                 repeats: int, count_bytes: int, count_iters: int, tcp_bytes: int,
+def measure_link(nodes: TwoNodes, preset: LinkPreset, launchers: Sequence[str],
                  rate_bit: float, log: Callable[[str], None] = lambda m: None
-                 ) -> dict[str, Any]:
+                 ) -> LinkResult:
     """Raw TCP unshaped and shaped to ``rate_bit``, then one probe per launcher:
-    crossed-link byte counts and a fitted sweep on the unshaped and the shaped link."""
-    out: dict[str, Any] = {"unshaped": {"tcp": tcp_throughput(nodes, tcp_bytes)},
-                           "shaped": {}}
+    crossed-link byte counts and a fitted sweep on the unshaped and the shaped link.
+
+    The :class:`LinkResult` has no ``hierarchical`` rows; its ``wall_s`` is this
+    measurement's."""
+    t_start = time.perf_counter()
+    tcp_free = tcp_throughput(nodes, preset.tcp_bytes)
     nodes.shape(rate_bit)
     try:
-        out["qdisc"] = nodes.qdisc(0)
-        shaped_bytes = min(tcp_bytes, max(16 * MIB, int(rate_bit / 8 * 0.5)))
-        out["shaped"]["tcp"] = tcp_throughput(nodes, shaped_bytes)
+        qdisc = nodes.qdisc(0)
+        tcp_shaped = tcp_throughput(nodes, min(preset.tcp_bytes,
+                                               max(16 * MIB, int(rate_bit / 8 * 0.5))))
     finally:
         nodes.unshape()
-    tcp = {k: out[k]["tcp"]["bytes_per_s"] for k in ("unshaped", "shaped")}
-    log(f"raw TCP {tcp['unshaped'] * 8 / 1e9:.2f} Gbit/s unshaped, "
-        f"{tcp['shaped'] * 8 / 1e9:.2f} Gbit/s with tbf {rate_bit / 1e9:g} Gbit/s")
+    log(f"raw TCP {tcp_free.bytes_per_s * 8 / 1e9:.2f} Gbit/s unshaped, "
+        f"{tcp_shaped.bytes_per_s * 8 / 1e9:.2f} Gbit/s with tbf {rate_bit / 1e9:g} Gbit/s")
+    sizes = preset.sizes_bytes
+    free: dict[str, SweepFit] = {}
+    shaped: dict[str, SweepFit] = {}
+    counts: dict[str, LinkCounts] = {}
     for launcher in launchers:
         t0 = time.perf_counter()
-        ranks = run_probe(nodes, launcher, sizes, repeats, count_bytes, count_iters,
-                          shape_rate=rate_bit)
+        ranks = run_probe(nodes, launcher, sizes, preset.repeats, preset.count_bytes,
+                          preset.count_iters, shape_rate=rate_bit)
         wall = time.perf_counter() - t0
-        for link, key in (("unshaped", "sweep"), ("shaped", "shaped_sweep")):
-            res = sweep_summary(ranks[0][key], tcp[link])
-            res["wall_s"] = wall
-            out[link][launcher] = res
-        out["unshaped"][launcher]["counts"] = _counts(ranks)
+        free[launcher] = sweep_summary(ranks[0]["sweep"], tcp_free.bytes_per_s, wall)
+        shaped[launcher] = sweep_summary(ranks[0]["shaped_sweep"], tcp_shaped.bytes_per_s,
+                                         wall)
+        counts[launcher] = _counts(ranks)
         log(f"{launcher} ({wall:.0f} s): busbw/TCP "
-            f"{out['unshaped'][launcher]['busbw_fraction_of_tcp']:.2f} unshaped, "
-            f"{out['shaped'][launcher]['busbw_fraction_of_tcp']:.2f} shaped; link bytes / "
-            f"expected {out['unshaped'][launcher]['counts']['ratio_to_flat']:.3f}")
-    return out
+            f"{free[launcher].busbw_fraction_of_tcp:.2f} unshaped, "
+            f"{shaped[launcher].busbw_fraction_of_tcp:.2f} shaped; link bytes / "
+            f"expected {counts[launcher].ratio_to_flat:.3f}")
+    return LinkResult(preset=preset.name, rate_bit=rate_bit, sizes_bytes=sizes,
+                      launchers=list(launchers), ips=nodes.ips, prefix=nodes.prefix,
+                      unshaped=LinkBlock(tcp=tcp_free, fits=free),
+                      shaped=LinkBlock(tcp=tcp_shaped, fits=shaped), qdisc=qdisc,
+                      counts=counts, hierarchical=None,
+                      wall_s=time.perf_counter() - t_start)
 
 
-def predict_shaped(unshaped: dict[str, Any], shaped: dict[str, Any], rate_bit: float,
-                   min_bytes: int = 1 * MIB) -> dict[str, Any]:
+def predict_shaped(unshaped: SweepFit, shaped: SweepFit, rate_bit: float,
+                   min_bytes: int = 1 * MIB) -> ShapedPrediction:
     """The alpha-beta model on the shaped link: ``alpha`` fitted on the unshaped link (tbf
-    adds no latency), ``beta = 8 / rate``; also with ``beta`` from the shaped link's raw TCP.
-    Relative errors per size against the measured shaped times, and their mean over the
-    sizes >= ``min_bytes`` (where the model's bandwidth term matters)."""
-    n = 2
-    alpha = unshaped["alpha_s"]
-    sizes, times = shaped["sizes_bytes"], shaped["times_s"]
-    out: dict[str, Any] = {"alpha_s": alpha}
-    for key, beta in (("rate", 8.0 / rate_bit), ("tcp", 1.0 / shaped["tcp_Bps"])):
-        pred = [predict_ring(n, s, alpha, beta) for s in sizes]
+    adds no latency), ``beta = 8 / rate``; also with ``beta`` from the shaped link's raw TCP
+    (``shaped.tcp_Bps``). Relative errors per size against the measured shaped times, and
+    their mean over the sizes >= ``min_bytes`` (where the model's bandwidth term matters)."""
+    alpha = unshaped.alpha_s
+    sizes, times = shaped.sizes_bytes, shaped.times_s
+
+    def ring(beta: float) -> RingPrediction:
+        pred = [predict_ring(shaped.ranks, s, alpha, beta) for s in sizes]
         err = [relative_error(p, t) for p, t in zip(pred, times, strict=True)]
         big = ([abs(e) for s, e in zip(sizes, err, strict=True) if s >= min_bytes]
                or [abs(e) for e in err])
-        out[key] = {"beta_s_per_byte": beta, "predicted_s": pred, "rel_error": err,
-                    "mean_abs_error_large": float(np.mean(big))}
-    return out
+        return RingPrediction(beta_s_per_byte=beta, predicted_s=pred, rel_error=err,
+                              mean_abs_error_large=float(np.mean(big)))
+
+    return ShapedPrediction(alpha_s=alpha, rate=ring(8.0 / rate_bit),
+                            tcp=ring(1.0 / shaped.tcp_Bps))
 
 
 def bench_link(preset: str = "full", rate_bit: float = 1e9,
                launchers: Sequence[str] | None = None, hierarchical: bool = True,
-               log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+               log: Callable[[str], None] = lambda m: None) -> LinkResult:
     """Everything of the module on a fresh pair of nodes (built and torn down here).
 
     ``preset``: ``"quick"`` (a notebook section: 16 MiB top, ``mpirun`` and ``gloo``,
     hierarchical with the flag on only) or ``"full"`` (64 MiB, also ``mpirun-rd``, flag on
     and off); see :data:`PRESETS`. ``launchers``: names of :data:`LAUNCHERS` (default: the
-    preset's).
+    preset's). ``print(result)`` shows its tables.
     """
     cfg = PRESETS[preset]
-    launchers = list(cfg["launchers"] if launchers is None else launchers)
+    launchers = list(cfg.launchers if launchers is None else launchers)
     unknown = sorted(set(launchers) - set(LAUNCHERS))
     if unknown:
         raise ValueError(f"unknown launcher(s) {unknown}: use {sorted(LAUNCHERS)}")
-    sizes = message_sizes(cfg["max_bytes"], min_bytes=4 * KIB, factor=cfg["factor"])
     t_start = time.perf_counter()
-    result: dict[str, Any] = {"preset": preset, "rate_bit": rate_bit, "sizes_bytes": sizes,
-                              "launchers": list(launchers)}
     with two_nodes() as nodes:
-        result["ips"], result["prefix"] = list(nodes.ips), nodes.prefix
-        m = measure_link(nodes, launchers, sizes, cfg["repeats"], cfg["count_bytes"],
-                         cfg["count_iters"], cfg["tcp_bytes"], rate_bit, log)
-        result.update(m)
-        for launcher in launchers:
-            sh = dict(result["shaped"][launcher],
-                      tcp_Bps=result["shaped"]["tcp"]["bytes_per_s"])
-            result["shaped"][launcher]["prediction"] = predict_shaped(
-                result["unshaped"][launcher], sh, rate_bit)
-        if hierarchical:
-            result["hierarchical"] = _hierarchical(nodes, launchers, cfg, log)
-    result["wall_s"] = time.perf_counter() - t_start
-    return result
+        result = measure_link(nodes, cfg, launchers, rate_bit, log)
+        rows = _hierarchical(nodes, launchers, cfg, log) if hierarchical else None
+    return replace(result, hierarchical=rows, wall_s=time.perf_counter() - t_start)
 
 
-def _hierarchical(nodes: TwoNodes, launchers: Sequence[str], cfg: dict[str, Any],
-                  log: Callable[[str], None]) -> list[dict[str, Any]]:
+def _hierarchical(nodes: TwoNodes, launchers: Sequence[str], cfg: LinkPreset,
+                  log: Callable[[str], None]) -> list[HierarchicalRow]:
     """2 ranks per node: link bytes and time per allreduce, flag on (and off in full)."""
     rows = []
-    size = cfg["hier_bytes"]
-    flags = (True, False) if cfg["hier_flat"] else (True,)
+    size = cfg.hier_bytes
+    flags = (True, False) if cfg.hier_flat else (True,)
     for launcher in [name for name in launchers if name != "mpirun-rd"]:
         for flag in flags:
             env = {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1" if flag else "0"}
             t0 = time.perf_counter()
-            ranks = run_probe(nodes, launcher, [size], repeats=cfg["repeats"],
-                              count_bytes=size, count_iters=cfg["count_iters"], slots=2,
+            ranks = run_probe(nodes, launcher, [size], repeats=cfg.repeats,
+                              count_bytes=size, count_iters=cfg.count_iters, slots=2,
                               env=env)
-            row = {"launcher": launcher, **_counts(ranks, slots=2, hierarchical=flag),
-                   "time_s": ranks[0]["sweep"]["times_s"][0],
-                   "wall_s": time.perf_counter() - t0}
+            row = HierarchicalRow(launcher=launcher, counts=_counts(ranks, hierarchical=flag),
+                                  time_s=float(ranks[0]["sweep"]["times_s"][0]),
+                                  wall_s=time.perf_counter() - t0)
             rows.append(row)
-            log(f"hierarchical={flag} {launcher}: {format_bytes(row['tx_per_allreduce'])} "
-                f"over the link per allreduce of {format_bytes(size)}")
-    return rows
-
-
-def link_tables(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """The results of :func:`bench_link` as table rows, keyed by caption (for
-    :func:`chexnet_utils.notebook.tables.table` in a notebook, or ``bench link``'s text)."""
-    gbit = 8 / 1e9
-    rate = f"tbf {result['rate_bit'] / 1e9:g} Gbit/s"
-    rows = []
-    for link in ("unshaped", "shaped"):
-        m = result[link]
-        for launcher in result["launchers"]:
-            r = m[launcher]
-            rows.append({"link": link if link == "unshaped" else rate, "launcher": launcher,
-                         "raw TCP Gbit/s": m["tcp"]["bytes_per_s"] * gbit,
-                         "busbw Gbit/s": r["busbw_large_Bps"] * gbit,
-                         "busbw/TCP": r["busbw_fraction_of_tcp"],
-                         "alpha us": r["alpha_s"] * 1e6,
-                         "1/beta Gbit/s": r["fit_bandwidth_Bps"] * gbit,
-                         "link bytes/expected":
-                             result["unshaped"][launcher]["counts"]["ratio_to_flat"]})
-    tables = {f"two nodes over a veth ({result['ips'][0]} <-> {result['ips'][1]}), largest "
-              f"allreduce {format_bytes(result['sizes_bytes'][-1])}": rows}
-    tables["alpha-beta model on the shaped link: alpha fitted unshaped, mean |relative "
-           "error| over sizes >= 1 MiB"] = [
-        {"launcher": launcher,
-         "alpha us (unshaped)": result["shaped"][launcher]["prediction"]["alpha_s"] * 1e6,
-         "error, beta = 8/rate":
-             result["shaped"][launcher]["prediction"]["rate"]["mean_abs_error_large"],
-         "error, beta = 1/raw TCP":
-             result["shaped"][launcher]["prediction"]["tcp"]["mean_abs_error_large"]}
-        for launcher in result["launchers"]]
-    if result.get("hierarchical"):
-        tables["2 ranks per node: bytes over the link per allreduce"] = [
-            {"launcher": r["launcher"],
-             "HOROVOD_HIERARCHICAL_ALLREDUCE": int(r["hierarchical_env"]),
-             "size": format_bytes(r["count_bytes"]),
-             "link tx / allreduce": format_bytes(r["tx_per_allreduce"]),
-             "flat ring expects": format_bytes(r["expected_flat"]),
-             "hierarchical expects": format_bytes(r["expected_hierarchical"]),
-             "time ms": r["time_s"] * 1e3} for r in result["hierarchical"]]
-    return tables
-
-
-def loopback_comparison(result: dict[str, Any],
-                        loopback: Mapping[str, tuple[float, float]]) -> list[dict[str, Any]]:
-    """Table rows: the alpha-beta fits of one machine's loopback (``loopback``: name ->
-    ``(alpha_s, beta_s_per_byte)``, e.g. notebook 05's section 6 fits) beside the same fits
-    across the two nodes' link, unshaped and shaped (from a :func:`bench_link` result).
-
-    ``1/beta`` is the bandwidth the model sees; loopback and an unshaped veth are both
-    limited by the CPUs copying, the shaped link by its rate."""
-    gbit = 8 / 1e9
-
-    def row(where: str, launcher: str, alpha: float, beta: float) -> dict[str, Any]:
-        return {"where": where, "launcher": launcher, "alpha us": alpha * 1e6,
-                "1/beta Gbit/s": gbit / beta if beta > 0 else float("inf")}
-
-    rows = [row("one machine (loopback, shared memory)", name, a, b)
-            for name, (a, b) in loopback.items()]
-    rate = f"two nodes, tbf {result['rate_bit'] / 1e9:g} Gbit/s"
-    for link, where in (("unshaped", "two nodes, veth unshaped"), ("shaped", rate)):
-        rows += [row(where, name, result[link][name]["alpha_s"],
-                     result[link][name]["beta_s_per_byte"]) for name in result["launchers"]]
+            log(f"hierarchical={flag} {launcher}: "
+                f"{format_bytes(row.counts.tx_per_allreduce)} over the link per allreduce "
+                f"of {format_bytes(size)}")
     return rows
 
 

@@ -149,11 +149,11 @@ def test_allreduce_crosses_the_link(nodes: TwoNodes, launcher: str) -> None:
 
 def test_tc_shaping_limits_tcp_to_the_rate(nodes: TwoNodes) -> None:
     rate = 200e6
-    free = tcp_throughput(nodes, 32 * MIB)["bytes_per_s"] * 8
+    free = tcp_throughput(nodes, 32 * MIB).bytes_per_s * 8
     nodes.shape(rate)
     try:
         assert "tbf" in nodes.qdisc(0) and "tbf" in nodes.qdisc(1)
-        shaped = tcp_throughput(nodes, 8 * MIB)["bytes_per_s"] * 8
+        shaped = tcp_throughput(nodes, 8 * MIB).bytes_per_s * 8
     finally:
         nodes.unshape()
     assert "tbf" not in nodes.qdisc(0)

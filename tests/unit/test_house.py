@@ -62,7 +62,7 @@ LESSON_APIS: dict[str, tuple[str, ...]] = {
                             "service.distribute(", "require_private_network"),
     "08_appendix_slurm": ("LocalSlurm(", "SlurmCluster(", '"sinfo"', '"squeue"',
                           "slurm_horovod.sbatch", "wait_for_job"),
-    "09_appendix_two_nodes": ("bench_link(", "rate_bit=", "link_tables(", "loopback_comparison(",
+    "09_appendix_two_nodes": ("bench_link(", "rate_bit=", "link.tables()", ".loopback_comparison(",
                               "leftovers("),
 }
 
