@@ -52,6 +52,7 @@ from chexnet_utils.cluster.distributed import json_objects
 from chexnet_utils.cluster.netns import TwoNodes, tbf_command, two_nodes, unavailable_reason
 from chexnet_utils.comm.collectives import KIB, MIB, format_bytes, message_sizes
 from chexnet_utils.comm.costmodel import busbw, fit_alpha_beta, predict_ring
+from chexnet_utils.platform.markdown import markdown_table
 
 TCP_PORT = 5201
 """Port of the raw TCP transfer (inside the private namespaces: no collision possible)."""
@@ -470,30 +471,8 @@ class LinkResult:
         """``preset <name>, <wall> s``, then each of :meth:`tables` under its caption, as
         markdown (what ``bench link`` prints)."""
         return f"preset {self.preset}, {self.wall_s:.0f} s" + "".join(
-            f"\n\n{caption}\n{_markdown(rows)}" for caption, rows in self.tables().items())
-
-
-def _markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Rows of :meth:`LinkResult.tables` as a markdown table, floats ``.3g``: the text of
-    :func:`chexnet_utils.notebook.tables.markdown_table` for these rows (of strings, ints
-    and floats; that module is a layer above this one)."""
-    if not rows:
-        return "(no rows)"
-    columns = list(rows[0])
-
-    def cell(v: Any) -> str:
-        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-            return str(int(v))
-        if isinstance(v, (float, np.floating)):
-            return format(float(v), ".3g")
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
-    numeric = [all(isinstance(r[c], (int, float, np.integer, np.floating))
-                   and not isinstance(r[c], bool) for r in rows) for c in columns]
-    lines = ["| " + " | ".join(columns) + " |",
-             "|" + "|".join("---:" if n else ":---" for n in numeric) + "|"]
-    lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+            f"\n\n{caption}\n{markdown_table(rows, floatfmt='.3g')}"
+            for caption, rows in self.tables().items())
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@
 - :mod:`~chexnet_utils.platform.checks`: argument checks shared by the package's public
   functions;
 - :mod:`~chexnet_utils.platform.exposure`: who can reach what a process listens on: the gate
-  before an unauthenticated server.
+  before an unauthenticated server;
+- :mod:`~chexnet_utils.platform.markdown`: rows as a markdown table, the text of every table
+  the package shows (notebooks display it, commands and results print it).
 
 Importing the wing imports none of them (and no TensorFlow):
 ``from chexnet_utils.platform import processes``

@@ -13,8 +13,8 @@ from chexnet_utils import cli
 from chexnet_utils.bench import link as linkbench
 from chexnet_utils.cluster import netns
 from chexnet_utils.comm.costmodel import predict_ring
-from chexnet_utils.notebook.tables import markdown_table
 from chexnet_utils.platform.atomic import json_safe
+from chexnet_utils.platform.markdown import markdown_table
 
 MIB = 2**20
 SIZES = linkbench.PRESETS["quick"].sizes_bytes

@@ -2,7 +2,8 @@
 
 import pytest
 
-from chexnet_utils.notebook.tables import markdown_table, table
+from chexnet_utils.notebook.tables import table
+from chexnet_utils.platform.markdown import markdown_table
 
 
 def test_mapping_rows_numbers_right_aligned_and_formatted():
