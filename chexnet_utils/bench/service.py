@@ -230,6 +230,10 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
     ``prefetch`` received batches buffered on the trainer (when ``d`` and ``c`` are close, a
     step that happens to be slow on either side would otherwise stall the other). Call
     with TensorFlow configured to one intra/inter-op thread before this point.
+
+    Returns the runs (``*_img_per_s_runs``, with the means of compute and decode), ``n_files``,
+    ``model`` and ``arch`` as a dict: the trainer process prints it as one JSON line, from
+    which :func:`bench_service` builds its :class:`ServiceResult`.
     """
     import keras
 
