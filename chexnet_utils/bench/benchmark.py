@@ -169,7 +169,7 @@ class PipelinesResult:
     warmup_batches: int
     """Untimed batches before each run (and training steps before the timed ones)."""
     shuffle_buffer: int
-    """Shuffle buffer of both pipelines, in images."""
+    """Shuffle buffer of both pipelines, in elements (see ``DEFAULT_SHUFFLE_BUFFER``)."""
     ceiling_images: int
     """Records decoded in each pass of the ceiling (:attr:`DecodeCeiling.n_images`)."""
     train_steps: int
@@ -177,7 +177,7 @@ class PipelinesResult:
     seed: int | None
     """Shuffling seed of both pipelines."""
     new_cycle_length: int
-    """Files the new approach interleaves (``DEFAULT_CYCLE_LENGTH``)."""
+    """Files the new approach reads at once (``DEFAULT_CYCLE_LENGTH``)."""
     tensorflow: str
     """TensorFlow version."""
     accel_wait_fraction_old: float | None = None
