@@ -175,7 +175,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
-    from chexnet_utils.bench.benchmark import bench_pipelines, format_bench
+    from chexnet_utils.bench.benchmark import bench_pipelines
 
     result = bench_pipelines(
         args.tfrecords, image_size=args.image_size, batch_size=args.batch_size,
@@ -184,17 +184,17 @@ def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
         ceiling_images=args.ceiling_images, train_steps=args.train_steps,
         log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
         emulate_accelerator_ms=args.emulate_accelerator)
-    print(format_bench(result))
-    if "accel_wait_fraction_new" in result:
-        print(f"emulated accelerator ({args.emulate_accelerator:g} ms per batch) waiting for "
-              f"data: old {result['accel_wait_fraction_old']:.1%}, "
-              f"new {result['accel_wait_fraction_new']:.1%}")
+    print(result)
+    if result.accel_wait_fraction_old is not None and result.accel_wait_fraction_new is not None:
+        print(f"emulated accelerator ({result.emulate_accelerator_ms:g} ms per batch) waiting "
+              f"for data: old {result.accel_wait_fraction_old:.1%}, "
+              f"new {result.accel_wait_fraction_new:.1%}")
     _write_json(args.json, result)
     return 0
 
 
 def _cmd_bench_service(args: argparse.Namespace) -> int:
-    from chexnet_utils.bench.service import bench_service, format_bench_service
+    from chexnet_utils.bench.service import bench_service
     from chexnet_utils.config import scale
     from chexnet_utils.data.prepare import prepare_tfrecords
 
@@ -204,7 +204,7 @@ def _cmd_bench_service(args: argparse.Namespace) -> int:
         n_steps=args.steps, warmup=args.warmup, repeats=args.repeats, split=args.split,
         processing_mode=args.mode,
         log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
-    print(format_bench_service(result))
+    print(result)
     _write_json(args.json, result)
     return 0
 

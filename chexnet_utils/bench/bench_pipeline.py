@@ -8,7 +8,7 @@ them as ``benchmark.X``):
     timed run by run, alternating, so a burst of load from elsewhere hurts them alike.
 :func:`decode_ceiling`
     One core's parse + decode + preprocess rate times the cores: no pipeline on this
-    machine beats it.
+    machine beats it (:class:`DecodeCeiling`).
 :func:`records_per_file` / :func:`shard_counts`
     Exact counts, no timing: how many images each of N workers decodes and keeps, with
     sharding after decoding (old) and sharding the file names first (new).
@@ -40,8 +40,8 @@ from chexnet_utils.platform.timing import (
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["ThroughputResult", "compare_pipelines", "decode_ceiling", "records_per_file",
-           "shard_counts", "time_pipeline"]
+__all__ = ["DecodeCeiling", "ThroughputResult", "compare_pipelines", "decode_ceiling",
+           "records_per_file", "shard_counts", "time_pipeline"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,9 +152,45 @@ def time_pipeline(dataset: tf.data.Dataset, n_batches: int, warmup_batches: int 
 # The decode ceiling
 # --------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class DecodeCeiling:
+    """One core's parse + decode + preprocess rate, and the ceiling it sets: that rate times
+    the cores (:func:`decode_ceiling`)."""
+
+    per_pass_img_per_s: list[float]
+    """Images/s of each timed pass on one core."""
+    cores: int
+    """Cores this process may use (:func:`chexnet_utils.hardware.devices.usable_cores`)."""
+    n_images: int
+    """Records read into memory and decoded in every pass."""
+    image_size: int
+    """Preprocessed size, pixels per side."""
+
+    @property
+    def img_per_s_single_core(self) -> float:
+        """The best pass, images/s on one core (a ceiling should not be lowered by someone
+        else's load)."""
+        return max(self.per_pass_img_per_s)
+
+    @property
+    def ceiling_img_per_s(self) -> float:
+        """``img_per_s_single_core x cores``: no pipeline on this machine beats it, images/s."""
+        return self.img_per_s_single_core * self.cores
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields, the single-core rate and the ceiling (the former dict's keys)."""
+        return {**asdict(self), "img_per_s_single_core": self.img_per_s_single_core,
+                "ceiling_img_per_s": self.ceiling_img_per_s}
+
+    def __str__(self) -> str:
+        return (f"{self.img_per_s_single_core:.1f} images/s on one core x {self.cores} "
+                f"core(s) = {self.ceiling_img_per_s:.1f} images/s ({self.n_images} images at "
+                f"{self.image_size} px, best of {len(self.per_pass_img_per_s)} pass(es))")
+
+
 def decode_ceiling(files: Files, image_size: int, n_images: int = 64, repeats: int = 2,
                    training: bool = True, antialias: bool = False,
-                   min_seconds: float = 0.5) -> dict[str, Any]:
+                   min_seconds: float = 0.5) -> DecodeCeiling:
     """Single-core parse + decode + preprocess rate, times the cores: the best any pipeline
     could do on this machine.
 
@@ -173,9 +209,10 @@ def decode_ceiling(files: Files, image_size: int, n_images: int = 64, repeats: i
     rate (a little above is possible: its prefetch thread overlaps the decoding with the
     consumer's work); the new approach should approach the ceiling.
 
-    Returns ``img_per_s_single_core``, ``cores``
-    (:func:`chexnet_utils.hardware.devices.usable_cores`), ``ceiling_img_per_s`` (their product),
-    ``per_pass_img_per_s``, ``n_images``, ``image_size``.
+    Returns a :class:`DecodeCeiling`: ``per_pass_img_per_s``, ``cores``
+    (:func:`chexnet_utils.hardware.devices.usable_cores`), ``n_images``, ``image_size``, and as
+    properties ``img_per_s_single_core`` (the best pass) and ``ceiling_img_per_s`` (their
+    product).
     """
     import tensorflow as tf
 
@@ -223,10 +260,8 @@ def decode_ceiling(files: Files, image_size: int, n_images: int = 64, repeats: i
         t0 = time.perf_counter()
         n = count(ds)
         rates.append(n / (time.perf_counter() - t0))
-    best = max(rates)
-    cores = usable_cores()
-    return {"img_per_s_single_core": best, "cores": cores, "ceiling_img_per_s": best * cores,
-            "per_pass_img_per_s": rates, "n_images": len(records), "image_size": image_size}
+    return DecodeCeiling(per_pass_img_per_s=rates, cores=usable_cores(), n_images=len(records),
+                         image_size=image_size)
 
 
 

@@ -5,6 +5,8 @@
 (``python -m chexnet_utils.bench.service trainer ...``, :func:`trainer_run`), which measures
 the compute ``c`` and the decoding ``d`` per image, then training fed locally (about
 ``d + c`` per image) against training fed by the service (about ``max(d, c)``), alternating.
+It returns a :class:`ServiceResult`: the measured runs and the parameters as fields, the
+rates, ``d``, ``c`` and the predictions as properties, ``print(result)`` the table.
 Notebook 07 and ``python -m chexnet_utils bench service``.
 """
 
@@ -12,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.hardware.devices import usable_cpus
@@ -29,11 +34,159 @@ from chexnet_utils.input.tfdata_service import (
     role_command,
 )
 from chexnet_utils.platform.processes import set_parent_death_signal
+from chexnet_utils.platform.timing import RunMean
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["bench_service", "format_bench_service", "trainer_run"]
+__all__ = ["ServiceResult", "bench_service", "trainer_run"]
+
+
+def _ratio(a: float, b: float) -> float:
+    """``a / b``, NaN when ``b`` is not positive (no runs, or a rate of 0)."""
+    return a / b if b > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class ServiceResult:
+    """One-core trainer decoding locally vs fed by a tf.data service worker
+    (:func:`bench_service`): the trainer's runs, its cores and the parameters.
+
+    Rates are images/s; ``d`` and ``c`` are seconds of decoding and of training compute per
+    image, shown in ms (:attr:`d_ms`, :attr:`c_ms`). ``as_dict()`` is the JSON of
+    ``bench service --json`` (fields and derived figures, the keys of the former dict);
+    ``str(result)`` the table.
+    """
+
+    compute_img_per_s_runs: list[float]
+    """Training compute alone, one constant batch (``1 / c``), images/s per repeat."""
+    decode_img_per_s_runs: list[float]
+    """The new pipeline alone on the trainer's core, nothing consuming (``1 / d``), images/s
+    per repeat."""
+    local_img_per_s_runs: list[float]
+    """Training fed by the pipeline run locally (decode and compute share the core), images/s
+    per repeat."""
+    service_img_per_s_runs: list[float]
+    """Training fed by the service worker (the trainer only computes), images/s per repeat."""
+    n_files: int
+    """Shards of ``split`` the pipeline reads."""
+    model: str
+    """Name of the Keras model trained."""
+    arch: str
+    """Architecture of :func:`chexnet_utils.model.models.build_chexnet` (``"small"``: the
+    CPU-sized model)."""
+    trainer_cpus: list[int]
+    """Cores the trainer process was confined to."""
+    worker_cpus: list[int]
+    """Cores of the service's dispatcher and worker."""
+    processing_mode: str
+    """The service's processing mode (``"parallel_epochs"`` or ``"distributed_epoch"``)."""
+    image_size: int
+    """Model input, pixels per side."""
+    batch_size: int
+    """Images per training step."""
+    n_steps: int
+    """Timed steps per run."""
+    warmup: int
+    """Untimed steps before each run."""
+    repeats: int
+    """Runs of each kind (compute, decode, local, service), alternating."""
+    split: str
+    """Split of the shards read (``"train"``)."""
+    tfrecords_dir: str
+    """Folder of the TFRecord shards."""
+    service_stopped_cleanly: bool
+    """The service's processes all ended and left no port open."""
+    load_average_start: list[float]
+    """``os.getloadavg()`` (1, 5, 15 min) before the measurement."""
+    load_average: list[float]
+    """``os.getloadavg()`` after it (other jobs on the cores distort the figures)."""
+
+    compute_img_per_s = RunMean("compute_img_per_s_runs",
+                                "Mean training compute rate (``1 / c``), images/s.")
+    decode_img_per_s = RunMean("decode_img_per_s_runs",
+                               "Mean decode rate of one core (``1 / d``), images/s.")
+    local_img_per_s = RunMean("local_img_per_s_runs",
+                              "Mean training rate fed locally, images/s.")
+    service_img_per_s = RunMean("service_img_per_s_runs",
+                                "Mean training rate fed by the service, images/s.")
+
+    @property
+    def service_over_local(self) -> float:
+        """Measured speed-up of the service: service / local images/s."""
+        return _ratio(self.service_img_per_s, self.local_img_per_s)
+
+    def _d_c(self) -> tuple[float, float]:
+        """``(d, c)``: seconds of decoding and of compute per image."""
+        return _ratio(1.0, self.decode_img_per_s), _ratio(1.0, self.compute_img_per_s)
+
+    @property
+    def d_ms(self) -> float:
+        """``d``: decoding per image on one core, ms (``1000 / decode_img_per_s``)."""
+        return 1000 * self._d_c()[0]
+
+    @property
+    def c_ms(self) -> float:
+        """``c``: training compute per image, ms (``1000 / compute_img_per_s``)."""
+        return 1000 * self._d_c()[1]
+
+    @property
+    def predicted_local_img_per_s(self) -> float:
+        """``1 / (d + c)``: decoding and compute one after the other on one core, images/s."""
+        d, c = self._d_c()
+        return _ratio(1.0, d + c)
+
+    @property
+    def predicted_service_img_per_s(self) -> float:
+        """``1 / max(d, c)``: the slower of decoding (worker) and compute (trainer), images/s."""
+        return _ratio(1.0, max(self._d_c()))
+
+    @property
+    def predicted_speedup(self) -> float:
+        """``(d + c) / max(d, c)``: the predicted service / local (at most 2, when d = c)."""
+        d, c = self._d_c()
+        return _ratio(d + c, max(d, c))
+
+    @property
+    def service_over_predicted(self) -> float:
+        """Measured over predicted speed-up (1: the prediction holds)."""
+        return _ratio(self.service_over_local, self.predicted_speedup)
+
+    @property
+    def bytes_per_image(self) -> int:
+        """What the service ships per image: ``image_size`` squared, 3 float32 channels."""
+        return self.image_size * self.image_size * 3 * 4
+
+    @property
+    def service_MB_per_s(self) -> float:
+        """What the measured service rate ships, MB/s (10^6 bytes)."""
+        return self.service_img_per_s * self.bytes_per_image / 1e6
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields and the derived figures: the JSON of ``bench service --json``."""
+        return {**asdict(self), **{name: getattr(self, name) for name in (
+            "compute_img_per_s", "decode_img_per_s", "local_img_per_s", "service_img_per_s",
+            "service_over_local", "d_ms", "c_ms", "predicted_local_img_per_s",
+            "predicted_service_img_per_s", "predicted_speedup", "bytes_per_image",
+            "service_MB_per_s", "service_over_predicted")}}
+
+    def __str__(self) -> str:
+        """The measured and predicted rates as a small table."""
+        return "\n".join([
+            f"one-core trainer (core(s) {self.trainer_cpus}), {self.arch} model at "
+            f"{self.image_size} px, batch {self.batch_size}; service worker on core(s) "
+            f"{self.worker_cpus} ({self.processing_mode})",
+            f"  decode d = {self.d_ms:.1f} ms/image, compute c = {self.c_ms:.1f} ms/image",
+            f"  {'':<22}{'measured':>10}{'predicted':>11}",
+            f"  {'local (d + c)':<22}{self.local_img_per_s:>10.1f}"
+            f"{self.predicted_local_img_per_s:>11.1f}  images/s",
+            f"  {'service (max(d, c))':<22}{self.service_img_per_s:>10.1f}"
+            f"{self.predicted_service_img_per_s:>11.1f}  images/s",
+            f"  {'service / local':<22}{self.service_over_local:>9.2f}x"
+            f"{self.predicted_speedup:>10.2f}x",
+            f"  load average (1 min) at the start {self.load_average_start[0]:.2f}, at the end "
+            f"{self.load_average[0]:.2f} (other jobs on the cores distort the figures)",
+        ])
 
 
 def _timed_steps(step: Any, it: Iterator[Any], n_steps: int, warmup: int) -> float:
@@ -77,9 +230,11 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
     ``prefetch`` received batches buffered on the trainer (when ``d`` and ``c`` are close, a
     step that happens to be slow on either side would otherwise stall the other). Call
     with TensorFlow configured to one intra/inter-op thread before this point.
-    """
-    import statistics
 
+    Returns the runs (``*_img_per_s_runs``, with the means of compute and decode), ``n_files``,
+    ``model`` and ``arch`` as a dict: the trainer process prints it as one JSON line, from
+    which :func:`bench_service` builds its :class:`ServiceResult`.
+    """
     import keras
 
     from chexnet_utils.bench.bench_pipeline import time_pipeline
@@ -129,20 +284,19 @@ def bench_service(tfrecords_dir: str | os.PathLike[str], image_size: int = 128,
                   split: str = "train", processing_mode: str = "parallel_epochs",
                   arch: str = "small", trainer_cpus: Iterable[int] = (0,),
                   worker_cpus: Iterable[int] = (1,), timeout: float = 900.0,
-                  log: Any = None) -> dict[str, Any]:
+                  log: Any = None) -> ServiceResult:
     """A GPU host whose cores are all busy, on a CPU: local decoding vs a tf.data service.
 
     The trainer is a separate process pinned to ``trainer_cpus`` (one core) with one
     intra/inter-op thread: it trains the CPU-sized model (compute ``c`` per image) and, in
     the local runs, also decodes the full-size shards (``d`` per image), so a step costs
     about ``d + c``. In the service runs a worker process pinned to ``worker_cpus`` decodes
-    and the trainer only computes: about ``max(d, c)``. Returns a JSON-ready dict with
-    ``local_img_per_s``, ``service_img_per_s``, ``service_over_local``, ``d_ms``, ``c_ms``,
-    ``predicted_speedup = (d + c) / max(d, c)``, ``bytes_per_image`` (what the service
-    ships per image), and the parameters.
+    and the trainer only computes: about ``max(d, c)``. Returns a :class:`ServiceResult`:
+    the runs and the parameters, with ``local_img_per_s``, ``service_img_per_s``,
+    ``service_over_local``, ``d_ms``, ``c_ms``, ``predicted_speedup = (d + c) / max(d, c)``,
+    ``bytes_per_image`` (what the service ships per image) as properties; ``print(result)``
+    shows them as a table.
     """
-    import statistics
-
     say = log or (lambda _msg: None)
     trainer_cpus, worker_cpus = tuple(trainer_cpus), tuple(worker_cpus)
     if set(trainer_cpus) & set(worker_cpus):
@@ -169,43 +323,18 @@ def bench_service(tfrecords_dir: str | os.PathLike[str], image_size: int = 128,
         raise RuntimeError(f"the trainer failed (exit {proc.returncode}): "
                            f"{proc.stderr.strip()[-2000:]}")
     r = json.loads(lines[-1])
-    local = statistics.fmean(r["local_img_per_s_runs"])
-    service = statistics.fmean(r["service_img_per_s_runs"])
-    d, c = 1.0 / r["decode_img_per_s"], 1.0 / r["compute_img_per_s"]
-    r.update(
-        local_img_per_s=local, service_img_per_s=service,
-        service_over_local=service / local, d_ms=1000 * d, c_ms=1000 * c,
-        predicted_local_img_per_s=1.0 / (d + c), predicted_service_img_per_s=1.0 / max(d, c),
-        predicted_speedup=(d + c) / max(d, c),
-        bytes_per_image=image_size * image_size * 3 * 4,
-        service_MB_per_s=service * image_size * image_size * 3 * 4 / 1e6,
+    return ServiceResult(
+        compute_img_per_s_runs=r["compute_img_per_s_runs"],
+        decode_img_per_s_runs=r["decode_img_per_s_runs"],
+        local_img_per_s_runs=r["local_img_per_s_runs"],
+        service_img_per_s_runs=r["service_img_per_s_runs"],
+        n_files=r["n_files"], model=r["model"], arch=r["arch"],
         trainer_cpus=list(trainer_cpus), worker_cpus=list(worker_cpus),
         processing_mode=processing_mode, image_size=image_size, batch_size=batch_size,
         n_steps=n_steps, warmup=warmup, repeats=repeats, split=split,
         tfrecords_dir=str(tfrecords_dir), service_stopped_cleanly=not (
             stop_report["left"] or stop_report["open_ports"]),
         load_average_start=load_start, load_average=list(os.getloadavg()))
-    r["service_over_predicted"] = r["service_over_local"] / r["predicted_speedup"]
-    return r
-
-
-def format_bench_service(r: dict[str, Any]) -> str:
-    """The result of :func:`bench_service` as a small table."""
-    return "\n".join([
-        f"one-core trainer (core(s) {r['trainer_cpus']}), {r['arch']} model at "
-        f"{r['image_size']} px, batch {r['batch_size']}; service worker on core(s) "
-        f"{r['worker_cpus']} ({r['processing_mode']})",
-        f"  decode d = {r['d_ms']:.1f} ms/image, compute c = {r['c_ms']:.1f} ms/image",
-        f"  {'':<22}{'measured':>10}{'predicted':>11}",
-        f"  {'local (d + c)':<22}{r['local_img_per_s']:>10.1f}"
-        f"{r['predicted_local_img_per_s']:>11.1f}  images/s",
-        f"  {'service (max(d, c))':<22}{r['service_img_per_s']:>10.1f}"
-        f"{r['predicted_service_img_per_s']:>11.1f}  images/s",
-        f"  {'service / local':<22}{r['service_over_local']:>9.2f}x"
-        f"{r['predicted_speedup']:>10.2f}x",
-        f"  load average (1 min) at the start {r['load_average_start'][0]:.2f}, at the end "
-        f"{r['load_average'][0]:.2f} (other jobs on the cores distort the figures)",
-    ])
 
 
 def _trainer_main(argv: Sequence[str]) -> int:

@@ -269,9 +269,10 @@ def test_time_pipeline_and_compare(files: list[Path]) -> None:
 
 def test_decode_ceiling(files: list[Path]) -> None:
     c = B.decode_ceiling(files, S, n_images=16, repeats=1, min_seconds=0.05)
-    assert c["n_images"] == 16 and c["cores"] == B.available_cores() >= 1
-    assert c["img_per_s_single_core"] > 0
-    assert c["ceiling_img_per_s"] == pytest.approx(c["img_per_s_single_core"] * c["cores"])
+    assert isinstance(c, B.DecodeCeiling) and len(c.per_pass_img_per_s) == 1
+    assert c.n_images == 16 and c.cores == B.available_cores() >= 1 and c.image_size == S
+    assert c.img_per_s_single_core > 0
+    assert c.ceiling_img_per_s == pytest.approx(c.img_per_s_single_core * c.cores)
 
 
 def test_time_training_and_timeline(files: list[Path]) -> None:
@@ -367,6 +368,22 @@ def test_cli_bench_pipelines(tfr_dir: Path, tmp_path: Path,
     assert result["image_size"] == S and result["batch_size"] == 4 and result["cores"] >= 1
     text = capsys.readouterr().out
     assert "old approach" in text and "new approach" in text and "decode ceiling" in text
+    assert "accel_wait_fraction_old" not in result and "emulated accelerator" not in text
+
+
+def test_bench_pipelines_with_an_emulated_accelerator(tfr_dir: Path) -> None:
+    r = B.bench_pipelines(tfr_dir, image_size=S, batch_size=4, n_batches=2, repeats=1,
+                          warmup_batches=1, shuffle_buffer=8, ceiling_images=8, train_steps=2,
+                          emulate_accelerator_ms=1.0)
+    assert isinstance(r, B.PipelinesResult) and r.emulate_accelerator_ms == 1.0
+    assert r.accel_wait_fraction_old is not None and r.accel_wait_fraction_new is not None
+    assert 0 <= r.accel_wait_fraction_old <= 1 and 0 <= r.accel_wait_fraction_new <= 1
+    assert len(r.old_img_per_s_runs) == 1 and r.old_img_per_s == r.old_img_per_s_runs[0]
+    assert r.decode_ceiling_img_per_s == pytest.approx(r.decode_img_per_s_single_core * r.cores)
+    assert r.ceiling_images == 8 and r.n_files == N_SHARDS and r.probe_model == "probe_cnn"
+    assert {"accel_wait_fraction_old", "accel_wait_fraction_new",
+            "emulate_accelerator_ms"} <= set(r.as_dict())
+    assert "decode ceiling" in str(r)
 
 
 def test_cli_bench_pipelines_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
