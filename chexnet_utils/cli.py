@@ -74,6 +74,37 @@ TRAIN_OPTIONS: dict[str, Option] = {
 its flag and help. Type, default and choices come from the field (see
 :func:`add_config_options`); ``--quiet`` (``verbose=0``) is the one option added by hand."""
 
+PIPELINES_OPTIONS: dict[str, Option] = {
+    "tfrecords_dir": Option("--tfrecords", "converted folder", "DIR"),
+    "split": Option("--split", "which shards to read"),
+    "image_size": Option("--image-size", "model input side", "PX"),
+    "batch_size": Option("--batch-size", "images per batch", "N"),
+    "n_batches": Option("--batches", "timed batches per run", "N"),
+    "warmup_batches": Option("--warmup", "untimed batches before each run", "N"),
+    "repeats": Option("--repeats", "timed runs per pipeline, alternating old/new", "N"),
+    "shuffle_buffer": Option("--shuffle-buffer", "shuffle buffer of both pipelines", "N"),
+    "ceiling_images": Option("--ceiling-images", "images for the single-core decode rate", "N"),
+    "train_steps": Option("--train-steps", "timed training steps for the idle fractions", "N"),
+    "emulate_accelerator_ms": Option(
+        "--emulate-accelerator", "also feed an emulated accelerator taking MS per batch and "
+        "report accel_wait_fraction_old/_new (share of its time waiting for data)", "MS"),
+}
+"""``bench pipelines``' options: a parameter of
+:func:`~chexnet_utils.bench.benchmark.bench_pipelines` -> its flag and help (type, default
+and choices from the parameter, see :func:`add_config_options`); ``--json`` by hand."""
+
+SERVICE_OPTIONS: dict[str, Option] = {
+    "split": Option("--split", "which shards to read"),
+    "batch_size": Option("--batch-size", "images per batch", "N"),
+    "n_steps": Option("--steps", "timed steps per run", "N"),
+    "warmup": Option("--warmup", "untimed steps before each run", "N"),
+    "repeats": Option("--repeats", "alternating local/service runs", "N"),
+    "processing_mode": Option("--mode", "processing mode of the service"),
+}
+"""``bench service``'s options from :func:`~chexnet_utils.bench.service.bench_service`'s
+parameters; ``--tfrecords`` (made if missing), ``--image-size`` (the scale preset's) and
+``--json`` by hand."""
+
 CONVERSION_OPTIONS: dict[str, Option] = {
     "data_dir": Option("--data-dir", "NIH-layout folder", "DIR"),
     "workers": Option("--workers", "comma list of worker counts (default: 1 and all cores)",
@@ -177,18 +208,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
     from chexnet_utils.bench.benchmark import bench_pipelines
 
-    result = bench_pipelines(
-        args.tfrecords, image_size=args.image_size, batch_size=args.batch_size,
-        n_batches=args.batches, split=args.split, repeats=args.repeats,
-        warmup_batches=args.warmup, shuffle_buffer=args.shuffle_buffer,
-        ceiling_images=args.ceiling_images, train_steps=args.train_steps,
-        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
-        emulate_accelerator_ms=args.emulate_accelerator)
+    result = bench_pipelines(log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+                             **option_values(args, PIPELINES_OPTIONS))
     print(result)
-    if result.accel_wait_fraction_old is not None and result.accel_wait_fraction_new is not None:
-        print(f"emulated accelerator ({result.emulate_accelerator_ms:g} ms per batch) waiting "
-              f"for data: old {result.accel_wait_fraction_old:.1%}, "
-              f"new {result.accel_wait_fraction_new:.1%}")
     _write_json(args.json, result)
     return 0
 
@@ -200,10 +222,9 @@ def _cmd_bench_service(args: argparse.Namespace) -> int:
 
     tfr = args.tfrecords or prepare_tfrecords(None, progress=False)
     result = bench_service(
-        tfr, image_size=args.image_size or scale().image_size, batch_size=args.batch_size,
-        n_steps=args.steps, warmup=args.warmup, repeats=args.repeats, split=args.split,
-        processing_mode=args.mode,
-        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+        tfr, image_size=args.image_size or scale().image_size,
+        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+        **option_values(args, SERVICE_OPTIONS))
     print(result)
     _write_json(args.json, result)
     return 0
@@ -304,27 +325,6 @@ def _cmd_bench_gpu_node(args: argparse.Namespace) -> int:
     print(format_gpu_node(result))
     _write_json(args.json, result)
     return 0
-
-
-def _add_run_options(b: argparse.ArgumentParser, image_size: int | None,
-                     timed: tuple[str, int, str], warmup: int, repeats: tuple[int, str]
-                     ) -> None:
-    """The options of a benchmark made of timed runs (``bench pipelines``, ``bench
-    service``): which shards, the model input, and how many timed and untimed units
-    (``timed``: flag, default, unit such as "batches") and runs (``repeats``: default, what
-    a run is)."""
-    flag, n, unit = timed
-    size_default = f" {image_size}" if image_size else ": the scale preset's"
-    b.add_argument("--split", default="train", help="which shards to read (default train)")
-    b.add_argument("--image-size", type=int, default=image_size, metavar="PX",
-                   help=f"model input side (default{size_default})")
-    b.add_argument("--batch-size", type=int, default=16, metavar="N", help="default 16")
-    b.add_argument(flag, type=int, default=n, metavar="N",
-                   help=f"timed {unit} per run (default {n})")
-    b.add_argument("--warmup", type=int, default=warmup, metavar="N",
-                   help=f"untimed {unit} before each run (default {warmup})")
-    b.add_argument("--repeats", type=int, default=repeats[0], metavar="N",
-                   help=f"{repeats[1]} (default {repeats[0]})")
 
 
 def _cmd_bench_link(args: argparse.Namespace) -> int:
@@ -438,22 +438,13 @@ def _add_data_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def _add_input_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``bench pipelines``, ``bench service`` and ``bench conversion``: one machine's input."""
+    from chexnet_utils.bench.benchmark import bench_pipelines
+    from chexnet_utils.bench.service import bench_service
     from chexnet_utils.data.tfrecords.bench import bench_conversion
 
     b = bench.add_parser("pipelines", help="old vs new input pipeline on converted TFRecords")
-    b.add_argument("--tfrecords", type=Path, required=True, help="converted folder")
+    add_config_options(b, bench_pipelines, PIPELINES_OPTIONS)
     b.add_argument("--json", type=Path, required=True, help="write the results here")
-    _add_run_options(b, image_size=224, timed=("--batches", 20, "batches"), warmup=2,
-                     repeats=(3, "timed runs per pipeline, alternating old/new"))
-    b.add_argument("--shuffle-buffer", type=int, default=256, metavar="N",
-                   help="shuffle buffer of both pipelines (default 256)")
-    b.add_argument("--ceiling-images", type=int, default=64, metavar="N",
-                   help="images for the single-core decode rate (default 64)")
-    b.add_argument("--train-steps", type=int, default=10, metavar="N",
-                   help="timed training steps for the idle fractions (default 10)")
-    b.add_argument("--emulate-accelerator", type=float, default=None, metavar="MS",
-                   help="also feed an emulated accelerator taking MS per batch and report "
-                        "accel_wait_fraction_old/_new (share of its time waiting for data)")
     b.set_defaults(handler=_cmd_bench_pipelines)
 
     b = bench.add_parser("service", help="one-core trainer: local decoding vs a tf.data "
@@ -461,12 +452,10 @@ def _add_input_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentPar
     b.add_argument("--tfrecords", type=Path, default=None,
                    help="converted full-size folder (default: build/tfrecords-full, made "
                         "if missing)")
+    b.add_argument("--image-size", type=int, default=None, metavar="PX",
+                   help="model input side (default: the scale preset's)")
+    add_config_options(b, bench_service, SERVICE_OPTIONS)
     b.add_argument("--json", type=Path, default=None, help="write the results here")
-    _add_run_options(b, image_size=None, timed=("--steps", 30, "steps"), warmup=5,
-                     repeats=(2, "alternating local/service runs"))
-    b.add_argument("--mode", default="parallel_epochs",
-                   choices=("parallel_epochs", "distributed_epoch"),
-                   help="processing mode of the service (default parallel_epochs)")
     b.set_defaults(handler=_cmd_bench_service)
 
     b = bench.add_parser("conversion", help="TFRecord conversion images/s, 1 vs all workers")

@@ -242,7 +242,8 @@ class PipelinesResult:
         return d
 
     def __str__(self) -> str:
-        """The rates, the ceiling and the idle fractions as a small readable table."""
+        """The rates, the ceiling and the idle fractions as a small readable table (and the
+        emulated accelerator's waiting, when one was fed)."""
         def runs(values: list[float]) -> str:
             return ", ".join(f"{v:.1f}" for v in values)
 
@@ -266,7 +267,16 @@ class PipelinesResult:
             f"   idle {self.idle_fraction_old:.0%}",
             f"{'  fed by new approach':<26}{self.train_new_img_per_s:>10.1f}"
             f"   idle {self.idle_fraction_new:.0%}",
+            *self._accelerator_lines(),
         ])
+
+    def _accelerator_lines(self) -> list[str]:
+        """The emulated accelerator's share of time waiting for data, if one was fed."""
+        if self.accel_wait_fraction_old is None or self.accel_wait_fraction_new is None:
+            return []
+        return [f"emulated accelerator ({self.emulate_accelerator_ms:g} ms per batch) waiting "
+                f"for data: old {self.accel_wait_fraction_old:.1%}, "
+                f"new {self.accel_wait_fraction_new:.1%}"]
 
 
 def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size: int = 16,

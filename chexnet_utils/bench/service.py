@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from chexnet_utils.hardware.devices import usable_cpus
 from chexnet_utils.input.tfdata_service import (
     PROCESSING_MODES,
+    ProcessingMode,
     TFDataService,
     distribute,
     next_within,
@@ -79,7 +80,7 @@ class ServiceResult:
     """Cores the trainer process was confined to."""
     worker_cpus: list[int]
     """Cores of the service's dispatcher and worker."""
-    processing_mode: str
+    processing_mode: ProcessingMode
     """The service's processing mode (``"parallel_epochs"`` or ``"distributed_epoch"``)."""
     image_size: int
     """Model input, pixels per side."""
@@ -218,7 +219,7 @@ def _drain(it: Iterator[Any], slow_s: float, limit: int = 500) -> int:
 
 def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_size: int = 16,
                 n_steps: int = 30, warmup: int = 5, repeats: int = 2, split: str = "train",
-                processing_mode: str = "parallel_epochs", arch: str = "small",
+                processing_mode: ProcessingMode = "parallel_epochs", arch: str = "small",
                 seed: int = 0, prefetch: int = 4) -> dict[str, Any]:
     """The trainer of :func:`bench_service`, run in a process confined to its cores (one).
 
@@ -281,7 +282,7 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
 
 def bench_service(tfrecords_dir: str | os.PathLike[str], image_size: int = 128,
                   batch_size: int = 16, n_steps: int = 30, warmup: int = 5, repeats: int = 2,
-                  split: str = "train", processing_mode: str = "parallel_epochs",
+                  split: str = "train", processing_mode: ProcessingMode = "parallel_epochs",
                   arch: str = "small", trainer_cpus: Iterable[int] = (0,),
                   worker_cpus: Iterable[int] = (1,), timeout: float = 900.0,
                   log: Any = None) -> ServiceResult:

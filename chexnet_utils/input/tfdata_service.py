@@ -49,7 +49,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from chexnet_utils.platform.exposure import require_private_network
 from chexnet_utils.platform.processes import set_parent_death_signal, stop_processes
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PROCESSING_MODES",
+    "ProcessingMode",
     "ServiceProcess",
     "ServiceStalled",
     "TFDataService",
@@ -68,8 +69,10 @@ __all__ = [
     "role_command",
 ]
 
-PROCESSING_MODES: tuple[str, ...] = ("parallel_epochs", "distributed_epoch")
-"""The two processing modes of ``tf.data.experimental.service.distribute``."""
+ProcessingMode = Literal["parallel_epochs", "distributed_epoch"]
+"""The two processing modes of ``tf.data.experimental.service.distribute`` (module
+docstring): the type of every ``processing_mode`` parameter."""
+PROCESSING_MODES: tuple[str, ...] = get_args(ProcessingMode)
 
 HOST = "127.0.0.1"
 _READY_TIMEOUT_S = 60.0
@@ -301,7 +304,7 @@ class TFDataService:
         return f"TFDataService({state}, {len(self.workers)} worker(s))"
 
 
-def distribute(dataset: tf.data.Dataset, service: str, processing_mode: str,
+def distribute(dataset: tf.data.Dataset, service: str, processing_mode: ProcessingMode,
                job_name: str | None = None, max_outstanding_requests: int | None = None
                ) -> tf.data.Dataset:
     """``dataset`` run by the service's workers: the trainer's iterator only receives.

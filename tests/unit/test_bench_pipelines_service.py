@@ -232,6 +232,10 @@ def test_pipelines_result_table():
         "  fed by old approach           80.0   idle 60%",
         "  fed by new approach          190.0   idle 5%",
     ]
+    accel = pipelines_result(accel_wait_fraction_old=0.6, accel_wait_fraction_new=0.05,
+                             emulate_accelerator_ms=100.0)
+    assert str(accel).splitlines()[-1] == ("emulated accelerator (100 ms per batch) waiting "
+                                           "for data: old 60.0%, new 5.0%")
 
 
 def test_pipelines_result_json_has_the_former_keys_and_numbers():
@@ -253,10 +257,13 @@ def test_pipelines_result_json_has_the_former_keys_and_numbers():
 @pytest.mark.parametrize("accel_ms", [None, 100.0])
 def test_cli_bench_pipelines_prints_the_table_and_the_accelerators_wait(
         monkeypatch, tmp_path, capsys, accel_ms):
+    import functools
+
     from chexnet_utils.bench import benchmark
 
     seen: dict[str, Any] = {}
 
+    @functools.wraps(benchmark.bench_pipelines)  # the command's options come from its signature
     def fake(tfrecords_dir: Any, **kwargs: Any) -> PipelinesResult:
         seen.update(kwargs)
         if kwargs["emulate_accelerator_ms"] is None:

@@ -74,6 +74,9 @@ BENCH_COMMANDS = [
     # (argv with the required options, where the function is defined, its name, options)
     (["bench", "conversion", "--data-dir", "d"], "chexnet_utils.data.tfrecords.bench",
      "bench_conversion", "CONVERSION_OPTIONS"),
+    (["bench", "pipelines", "--tfrecords", "t", "--json", "j"], "chexnet_utils.bench.benchmark",
+     "bench_pipelines", "PIPELINES_OPTIONS"),
+    (["bench", "service"], "chexnet_utils.bench.service", "bench_service", "SERVICE_OPTIONS"),
 ]
 
 
