@@ -105,6 +105,14 @@ SERVICE_OPTIONS: dict[str, Option] = {
 parameters; ``--tfrecords`` (made if missing), ``--image-size`` (the scale preset's) and
 ``--json`` by hand."""
 
+LINK_OPTIONS: dict[str, Option] = {
+    "launchers": Option("--launchers", "comma list of mpirun, mpirun-rd, gloo (default: the "
+                                       "preset's)", "LIST"),
+}
+"""``bench link``'s option from :func:`~chexnet_utils.bench.link.bench_link`'s parameter;
+``--quick`` (the preset), ``--rate-gbit`` (its default from ``rate_bit``), ``--no-hierarchical``
+and ``--json`` by hand."""
+
 CONVERSION_OPTIONS: dict[str, Option] = {
     "data_dir": Option("--data-dir", "NIH-layout folder", "DIR"),
     "workers": Option("--workers", "comma list of worker counts (default: 1 and all cores)",
@@ -336,9 +344,9 @@ def _cmd_bench_link(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 3
     result = bench_link("quick" if args.quick else "full", rate_bit=args.rate_gbit * 1e9,
-                        launchers=args.launchers.split(",") if args.launchers else None,
                         hierarchical=not args.no_hierarchical,
-                        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+                        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+                        **option_values(args, LINK_OPTIONS))
     print(result)
     _write_json(args.json, result)
     return 0
@@ -477,6 +485,8 @@ def _image_sizes(text: str) -> list[int | None]:
 
 def _add_cluster_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``bench scaling``, ``bench gpu-node`` and ``bench link``: many workers."""
+    from chexnet_utils.bench.link import bench_link
+
     b = bench.add_parser("scaling", help="Horovod images/s on 1..N MPI engines, old vs new")
     b.add_argument("--workers", default="1,2", help="comma list of worker counts (default 1,2)")
     b.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -530,10 +540,10 @@ def _add_cluster_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentP
     b.add_argument("--json", type=Path, default=None, help="write the results here")
     b.add_argument("--quick", action="store_true",
                    help="notebook-sized run (16 MiB top, about a minute)")
-    b.add_argument("--rate-gbit", type=float, default=1.0,
-                   help="tbf rate of the shaped link in Gbit/s (default 1)")
-    b.add_argument("--launchers", default=None,
-                   help="comma list of mpirun, mpirun-rd, gloo (default: the preset's)")
+    rate_gbit = _parameters(bench_link)["rate_bit"][1] / 1e9
+    b.add_argument("--rate-gbit", type=float, default=rate_gbit, metavar="GBIT",
+                   help=f"tbf rate of the shaped link in Gbit/s (default {rate_gbit:g})")
+    add_config_options(b, bench_link, LINK_OPTIONS)
     b.add_argument("--no-hierarchical", action="store_true",
                    help="skip the 2-ranks-per-node HOROVOD_HIERARCHICAL_ALLREDUCE runs")
     b.set_defaults(handler=_cmd_bench_link)

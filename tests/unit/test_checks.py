@@ -77,6 +77,7 @@ BENCH_COMMANDS = [
     (["bench", "pipelines", "--tfrecords", "t", "--json", "j"], "chexnet_utils.bench.benchmark",
      "bench_pipelines", "PIPELINES_OPTIONS"),
     (["bench", "service"], "chexnet_utils.bench.service", "bench_service", "SERVICE_OPTIONS"),
+    (["bench", "link"], "chexnet_utils.bench.link", "bench_link", "LINK_OPTIONS"),
 ]
 
 
