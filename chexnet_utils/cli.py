@@ -286,7 +286,7 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
 
 
 def _cmd_bench_scaling(args: argparse.Namespace) -> int:
-    from chexnet_utils.bench.scaling import bench_scaling, format_scaling
+    from chexnet_utils.bench.scaling import bench_scaling
 
     tfr = args.tfrecords
     if tfr is None:
@@ -301,14 +301,14 @@ def _cmd_bench_scaling(args: argparse.Namespace) -> int:
                            map_by=args.map_by, env=_env_pairs(args.env),
                            accelerator_ms=args.emulate_accelerator,
                            log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
-    print(format_scaling(result))
+    print(result)
     _write_json(args.json, result)
     return 0
 
 
 def _cmd_bench_gpu_node(args: argparse.Namespace) -> int:
     from chexnet_utils import config
-    from chexnet_utils.bench.gpu_node import bench_gpu_node, format_gpu_node, no_gpu_message
+    from chexnet_utils.bench.gpu_node import bench_gpu_node, no_gpu_message
     from chexnet_utils.hardware import devices
     from chexnet_utils.model.accelerator import parse_switch
 
@@ -330,7 +330,7 @@ def _cmd_bench_gpu_node(args: argparse.Namespace) -> int:
         mixed_precision=parse_switch(args.mixed_precision, "--mixed-precision"),
         xla=parse_switch(args.xla, "--xla"), visible=visible,
         log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
-    print(format_gpu_node(result))
+    print(result)
     _write_json(args.json, result)
     return 0
 

@@ -7,8 +7,10 @@ bound to the cores of its GPU's socket: :mod:`chexnet_utils.hardware.gpu_topolog
 DenseNet-121 at 224 px with the new pipeline for a number of timed steps
 (:func:`gpu_throughput_on_engine`: mixed precision and XLA as
 :mod:`chexnet_utils.model.accelerator` decides, batches copied to the GPU ahead of time), and
-reports the job's images/s. This is the measurement behind the Dell articles' figure (images/s on
-1, 2, 3, 4 and 8 V100s). Without a GPU it raises :class:`NoGPUError` before doing anything.
+reports the job's images/s, speed-up and efficiency per GPU count as a :class:`GpuNodeResult`
+(``print(result)``: the table, then :data:`REFERENCES`). This is the measurement behind the
+Dell articles' figure (images/s on 1, 2, 3, 4 and 8 V100s). Without a GPU it raises
+:class:`NoGPUError` before doing anything.
 
 :func:`utilisation_old_vs_new` trains on one GPU with each pipeline while
 :class:`~chexnet_utils.hardware.gpu_monitor.UtilisationSampler` records the GPU's utilisation: the
@@ -20,7 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -168,14 +170,109 @@ def _binding_for(k: int, topology: str | None, visible: Sequence[int]) -> tuple[
     return plan.mpirun_args, plan.rank_cpus if plan.self_bind else (), plan.explanation
 
 
+@dataclass(frozen=True)
+class GpuNodeResult:
+    """:func:`bench_gpu_node`'s report: CheXNet training images/s on each GPU count of this
+    node, with speed-up and efficiency relative to one GPU, beside published reference
+    points. ``str(result)`` is the articles' figure as a table; :meth:`as_dict` the
+    ``--json`` file."""
+
+    gpus: list[int]
+    """The GPU counts measured, in order (always including 1)."""
+    gpu_names: list[str]
+    """Names of the visible GPUs."""
+    arch: str
+    """Model architecture trained."""
+    image_size: int
+    """Image side in pixels."""
+    batch_size_per_gpu: int
+    """Images per step on each GPU."""
+    pipeline: str
+    """The input pipeline that fed the GPUs."""
+    steps: int
+    """Timed steps per GPU count."""
+    warmup_steps: int
+    """Untimed steps before the clock starts."""
+    runs: dict[int, dict[str, Any]]
+    """Per GPU count, rank 0's result of :func:`gpu_throughput_on_engine` (``img_per_s`` of
+    the whole job, ``seconds``, ``mixed_precision``, ``xla``, ...) plus the ``mpirun_args``
+    and the ``binding`` explanation its engines were started with."""
+    references: list[dict[str, str]] = field(
+        default_factory=lambda: [dict(r) for r in REFERENCES])
+    """The published reference points printed beside the measurement (:data:`REFERENCES`)."""
+
+    @property
+    def img_per_s(self) -> dict[int, float]:
+        """Images/s of the whole job per GPU count."""
+        return {k: float(self.runs[k]["img_per_s"]) for k in self.gpus}
+
+    @property
+    def speedup(self) -> dict[int, float]:
+        """``rate(k) / rate(1)`` per GPU count."""
+        rates = self.img_per_s
+        return {k: r / rates[1] for k, r in rates.items()}
+
+    @property
+    def efficiency(self) -> dict[int, float]:
+        """``rate(k) / (k * rate(1))`` per GPU count (1.0: linear scaling)."""
+        from chexnet_utils.bench.scaling import efficiency
+
+        return efficiency(self.img_per_s)
+
+    @property
+    def mixed_precision(self) -> bool | None:
+        """Whether the first count's run trained in mixed precision (``None``: not
+        reported)."""
+        return self.runs[self.gpus[0]].get("mixed_precision")
+
+    @property
+    def xla(self) -> bool | None:
+        """Whether the first count's run compiled with XLA (``None``: not reported)."""
+        return self.runs[self.gpus[0]].get("xla")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``--json`` layout: the parameters, ``mixed_precision``, ``xla``, then
+        ``img_per_s``, ``speedup``, ``efficiency`` and ``runs`` per GPU count (int keys here,
+        strings once written as JSON) and the ``references``."""
+        return {
+            "gpus": list(self.gpus), "gpu_names": list(self.gpu_names), "arch": self.arch,
+            "image_size": self.image_size, "batch_size_per_gpu": self.batch_size_per_gpu,
+            "pipeline": self.pipeline, "steps": self.steps, "warmup_steps": self.warmup_steps,
+            "mixed_precision": self.mixed_precision, "xla": self.xla,
+            "img_per_s": self.img_per_s, "speedup": self.speedup, "efficiency": self.efficiency,
+            "runs": {k: dict(r) for k, r in self.runs.items()},
+            "references": [dict(r) for r in self.references],
+        }
+
+    def __str__(self) -> str:
+        """The articles' figure as a table (GPUs, images/s, speed-up, efficiency), then the
+        reference points, each labelled with its source and machine."""
+        names = sorted(set(self.gpu_names)) or ["?"]
+        onoff = {True: "on", False: "off", None: "?"}
+        lines = [f"CheXNet {self.arch} at {self.image_size} px, batch {self.batch_size_per_gpu} "
+                 f"per GPU, {self.pipeline} pipeline, mixed precision "
+                 f"{onoff[self.mixed_precision]}, XLA {onoff[self.xla]}; measured on this node "
+                 f"({', '.join(names)})",
+                 f"{'GPUs':>5} {'images/s':>10} {'speed-up':>9} {'efficiency':>11}"]
+        rates, speedup, eff = self.img_per_s, self.speedup, self.efficiency
+        for k in self.gpus:
+            lines.append(f"{k:>5} {rates[k]:>10.1f} {speedup[k]:>8.2f}x {eff[k]:>10.0%}")
+        lines.append("reference points (published, not measured here):")
+        for ref in self.references:
+            lines.append(f"  - {ref['what']}: {ref['value']}\n"
+                         f"    machine: {ref['machine']}\n    source: {ref['source']}")
+        return "\n".join(lines)
+
+
 def bench_gpu_node(tfrecords: Path | str, gpus: Sequence[int] | None = None, *,
                    arch: str = "densenet121", image_size: int = 224,
                    batch_size: int | None = None, steps: int = 50, warmup_steps: int = 20,
                    pipeline: str = "new", mixed_precision: bool | None = None,
                    xla: bool | None = None, visible: Sequence[Any] | None = None,
                    topology: str | None = None, run: RunOnGpus | None = None,
-                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Images/s, speed-up and efficiency of CheXNet training on each GPU count.
+                   log: Callable[[str], None] | None = None) -> GpuNodeResult:
+    """Images/s, speed-up and efficiency of CheXNet training on each GPU count
+    (a :class:`GpuNodeResult`: ``result.efficiency[4]``, ``print(result)``).
 
     ``visible`` defaults to :func:`chexnet_utils.hardware.devices.visible_gpus` (raises
     :class:`NoGPUError` when empty), ``gpus`` to :func:`gpu_counts`, ``batch_size`` to the
@@ -184,7 +281,6 @@ def bench_gpu_node(tfrecords: Path | str, gpus: Sequence[int] | None = None, *,
     ``xla=True`` also sets ``HOROVOD_ENABLE_XLA_OPS=1`` for the engines.
     """
     from chexnet_utils import config
-    from chexnet_utils.bench.scaling import efficiency
     from chexnet_utils.hardware import devices
     from chexnet_utils.hardware.gpu_topology import read_topology
 
@@ -196,51 +292,18 @@ def bench_gpu_node(tfrecords: Path | str, gpus: Sequence[int] | None = None, *,
     if topology is None and run is None:
         topology = read_topology()
     physical = [getattr(g, "index", i) for i, g in enumerate(found)]
-    rates: dict[int, float] = {}
-    runs: dict[str, Any] = {}
+    runs: dict[int, dict[str, Any]] = {}
     for k in counts:
         args, rank_cpus, explanation = _binding_for(k, topology, physical)
         cfg = StepConfig(arch, image_size, batch_size, steps, warmup_steps,
                          tfrecords=str(tfrecords), pipeline=pipeline,
                          mixed_precision=mixed_precision, xla=xla, rank_cpus=rank_cpus)
         runner = run or cluster_runner(args, {"HOROVOD_ENABLE_XLA_OPS": "1"} if xla else None)
-        res = dict(runner(k, cfg))
-        rates[k] = float(res["img_per_s"])
-        runs[str(k)] = {**res, "mpirun_args": list(args), "binding": explanation}
-        say(f"{k} GPU(s): {rates[k]:.1f} img/s")
-    eff = efficiency(rates)
-    first = runs[str(counts[0])]
-    return {
-        "gpus": counts,
-        "gpu_names": [getattr(g, "name", str(g)) for g in found],
-        "arch": arch, "image_size": image_size, "batch_size_per_gpu": batch_size,
-        "pipeline": pipeline, "steps": steps, "warmup_steps": warmup_steps,
-        "mixed_precision": first.get("mixed_precision"), "xla": first.get("xla"),
-        "img_per_s": {str(k): r for k, r in rates.items()},
-        "speedup": {str(k): r / rates[1] for k, r in rates.items()},
-        "efficiency": {str(k): e for k, e in eff.items()},
-        "runs": runs,
-        "references": [dict(r) for r in REFERENCES],
-    }
-
-
-def format_gpu_node(r: Mapping[str, Any]) -> str:
-    """The articles' figure as a table (GPUs, images/s, speed-up, efficiency), then the
-    reference points, each labelled with its source and machine."""
-    names = sorted(set(r.get("gpu_names", []))) or ["?"]
-    onoff = {True: "on", False: "off", None: "?"}
-    lines = [f"CheXNet {r['arch']} at {r['image_size']} px, batch {r['batch_size_per_gpu']} per "
-             f"GPU, {r['pipeline']} pipeline, mixed precision {onoff[r.get('mixed_precision')]},"
-             f" XLA {onoff[r.get('xla')]}; measured on this node ({', '.join(names)})",
-             f"{'GPUs':>5} {'images/s':>10} {'speed-up':>9} {'efficiency':>11}"]
-    for k in r["gpus"]:
-        lines.append(f"{k:>5} {r['img_per_s'][str(k)]:>10.1f} {r['speedup'][str(k)]:>8.2f}x "
-                     f"{r['efficiency'][str(k)]:>10.0%}")
-    lines.append("reference points (published, not measured here):")
-    for ref in r.get("references", []):
-        lines.append(f"  - {ref['what']}: {ref['value']}\n"
-                     f"    machine: {ref['machine']}\n    source: {ref['source']}")
-    return "\n".join(lines)
+        runs[k] = {**runner(k, cfg), "mpirun_args": list(args), "binding": explanation}
+        say(f"{k} GPU(s): {float(runs[k]['img_per_s']):.1f} img/s")
+    return GpuNodeResult(gpus=counts, gpu_names=[getattr(g, "name", str(g)) for g in found],
+                         arch=arch, image_size=image_size, batch_size_per_gpu=batch_size,
+                         pipeline=pipeline, steps=steps, warmup_steps=warmup_steps, runs=runs)
 
 
 ARCHS: tuple[str, ...] = FULL_SIZE_ARCHITECTURES
@@ -248,17 +311,18 @@ ARCHS: tuple[str, ...] = FULL_SIZE_ARCHITECTURES
 out better than DenseNet-121 (notebook 03 §1.1: bytes per FLOP alone predict the opposite)."""
 
 
-def format_arch_comparison(tables: Mapping[str, Mapping[str, Any]]) -> str:
+def format_arch_comparison(tables: Mapping[str, GpuNodeResult]) -> str:
     """One row per GPU count, images/s and efficiency of each arch side by side, from
-    :func:`bench_gpu_node` reports keyed by arch (all over the same GPU counts)."""
+    :func:`bench_gpu_node` results keyed by arch (all over the same GPU counts)."""
     archs = list(tables)
-    counts = [k for k in tables[archs[0]]["gpus"] if all(k in t["gpus"] for t in tables.values())]
+    counts = [k for k in tables[archs[0]].gpus if all(k in t.gpus for t in tables.values())]
+    rates = {a: t.img_per_s for a, t in tables.items()}
+    eff = {a: t.efficiency for a, t in tables.items()}
     head = f"{'GPUs':>5}" + "".join(f" {a + ' img/s':>18} {'eff.':>6}" for a in archs)
     lines = [head]
     for k in counts:
-        lines.append(f"{k:>5}" + "".join(
-            f" {tables[a]['img_per_s'][str(k)]:>18.1f} {tables[a]['efficiency'][str(k)]:>6.0%}"
-            for a in archs))
+        lines.append(f"{k:>5}" + "".join(f" {rates[a][k]:>18.1f} {eff[a][k]:>6.0%}"
+                                         for a in archs))
     return "\n".join(lines)
 
 

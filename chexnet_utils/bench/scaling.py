@@ -7,7 +7,9 @@ for each worker count it starts a cluster (one engine per worker, bound to its o
 default, so "1 worker" means one core's worth of compute), runs the same timed training
 steps with each pipeline, and stops the cluster.
 
-``efficiency(N) = rate(N) / (N * rate(1))``: 1.0 is perfect linear scaling.
+``efficiency(N) = rate(N) / (N * rate(1))``: 1.0 is perfect linear scaling. The result is a
+:class:`ScalingResult` (``result.efficiency["new"][2]``; ``print(result)`` shows the table,
+``result.as_dict()`` is the ``--json`` file).
 
 Two kinds of worker are measured:
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -151,13 +153,154 @@ def efficiency(rates: dict[int, float]) -> dict[int, float]:
     return {n: r / (n * rates[1]) for n, r in rates.items()}
 
 
+@dataclass(frozen=True)
+class ScalingBlock:
+    """Images/s and scaling efficiency of one kind of worker (the model on the CPU, or the
+    emulated accelerator), per pipeline and worker count, from every timed run."""
+
+    runs: dict[str, dict[int, list[float]]]
+    """Images/s of the whole job in each run: ``runs[pipeline][workers]``, one value per
+    repeat, in the order they ran."""
+    accelerator_ms: float = 0.0
+    """Milliseconds of the emulated accelerator's step; 0: the model really trains on the
+    worker's core."""
+
+    @property
+    def img_per_s(self) -> dict[str, dict[int, float]]:
+        """Mean images/s over the repeats: ``img_per_s[pipeline][workers]``."""
+        return {p: {n: sum(v) / len(v) for n, v in per_n.items()}
+                for p, per_n in self.runs.items()}
+
+    @property
+    def efficiency(self) -> dict[str, dict[int, float]]:
+        """``rate(N) / (N * rate(1))`` of the mean images/s: ``efficiency[pipeline][workers]``
+        (empty without a 1-worker run)."""
+        return {p: efficiency(rates) for p, rates in self.img_per_s.items() if 1 in rates}
+
+    def as_dict(self) -> dict[str, Any]:
+        """``img_per_s``, ``efficiency`` and ``runs`` (and ``accelerator_ms`` first when the
+        accelerator is emulated), as :func:`bench_scaling`'s JSON holds them."""
+        d: dict[str, Any] = {"accelerator_ms": self.accelerator_ms} if self.accelerator_ms \
+            else {}
+        return {**d, "img_per_s": self.img_per_s, "efficiency": self.efficiency,
+                "runs": {p: {n: list(v) for n, v in per_n.items()}
+                         for p, per_n in self.runs.items()}}
+
+
+@dataclass(frozen=True)
+class ClusterSeconds:
+    """How long one worker count's :class:`~chexnet_utils.cluster.distributed.MPICluster`
+    took to start and to stop (not part of any timed window)."""
+
+    start_s: float
+    """Seconds :meth:`~chexnet_utils.cluster.distributed.MPICluster.start` took (controller
+    and engines up and connected: its ``start_seconds``)."""
+    stop_s: float
+    """Seconds :meth:`~chexnet_utils.cluster.distributed.MPICluster.stop` took (engines and
+    controller stopped, every process they started gone: its ``stop_seconds``)."""
+
+
+@dataclass(frozen=True)
+class ScalingResult:
+    """:func:`bench_scaling`'s measurement: its parameters, the model on the CPU
+    (:attr:`cpu`, also reachable as :attr:`img_per_s`, :attr:`efficiency`, :attr:`runs`),
+    the emulated accelerator if asked for, and what each worker count's engines ran with.
+    ``str(result)`` is the readable table; :meth:`as_dict` the ``--json`` file."""
+
+    workers: list[int]
+    """The worker counts measured, in order (one cluster each)."""
+    pipelines: list[str]
+    """The input pipelines timed (``"old"``, ``"new"``)."""
+    arch: str
+    """Model architecture trained."""
+    image_size: int
+    """Image side in pixels."""
+    batch_size_per_worker: int
+    """Images per step on each worker."""
+    steps: int
+    """Timed steps per run."""
+    warmup_steps: int
+    """Untimed steps before each run's clock starts."""
+    repeats: int
+    """Runs per pipeline, worker count and kind of worker (alternating pipeline order)."""
+    bind_to: str | None
+    """``mpiexec --bind-to`` of the engines (``"core"``: one core and one thread each)."""
+    cores: int
+    """Cores usable by this process (:func:`~chexnet_utils.hardware.devices.usable_cores`)."""
+    env: dict[str, str]
+    """Engine environment variables the caller added."""
+    tfrecords: str
+    """Folder of the TFRecord shards read."""
+    cpu: ScalingBlock
+    """The model trained on the worker's core (``accelerator_ms`` 0)."""
+    engine_env: dict[int, dict[str, str]]
+    """Per worker count, the engines' settings that change what is measured
+    (:func:`effective_engine_env`)."""
+    cluster_seconds: dict[int, ClusterSeconds]
+    """Per worker count, its cluster's start and stop times."""
+    emulated: ScalingBlock | None = None
+    """The emulated accelerator (``accelerator_ms`` > 0), or ``None`` when not asked for."""
+
+    @property
+    def img_per_s(self) -> dict[str, dict[int, float]]:
+        """The model on the CPU: mean images/s, ``img_per_s[pipeline][workers]``."""
+        return self.cpu.img_per_s
+
+    @property
+    def efficiency(self) -> dict[str, dict[int, float]]:
+        """The model on the CPU: scaling efficiency, ``efficiency[pipeline][workers]``."""
+        return self.cpu.efficiency
+
+    @property
+    def runs(self) -> dict[str, dict[int, list[float]]]:
+        """The model on the CPU: images/s of every run, ``runs[pipeline][workers]``."""
+        return self.cpu.runs
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``--json`` layout: the parameters, the CPU model's ``img_per_s``,
+        ``efficiency`` and ``runs`` at the top level, ``engine_env``, ``cluster_seconds`` and
+        ``emulated`` (with its ``accelerator_ms``) when measured. Worker counts are int keys
+        here (strings once written as JSON)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in ("cpu", "engine_env", "cluster_seconds", "emulated")}
+        d = {**d, "env": dict(self.env), **self.cpu.as_dict(),
+             "engine_env": {n: dict(e) for n, e in self.engine_env.items()},
+             "cluster_seconds": {n: asdict(t) for n, t in self.cluster_seconds.items()}}
+        if self.emulated is not None:
+            d["emulated"] = self.emulated.as_dict()
+        return d
+
+    def _table(self, block: ScalingBlock) -> list[str]:
+        lines = [f"{'workers':>8}  " + "  ".join(f"{p + ' img/s':>12}  {'eff.':>5}"
+                                                 for p in self.pipelines)]
+        rates, eff = block.img_per_s, block.efficiency
+        for n in self.workers:
+            cells = [f"{rates[p][n]:12.1f}  {eff.get(p, {}).get(n, float('nan')):5.2f}"
+                     for p in self.pipelines]
+            lines.append(f"{n:>8}  " + "  ".join(cells))
+        return lines
+
+    def __str__(self) -> str:
+        """Readable table: images/s and efficiency per worker count and pipeline, for the
+        model on the CPU and the emulated accelerator."""
+        lines = [f"{self.arch} at {self.image_size} px, batch {self.batch_size_per_worker}/"
+                 f"worker, {self.steps} timed steps, bind-to {self.bind_to}, {self.cores} cores",
+                 "model on the CPU (one core per worker):"]
+        lines += self._table(self.cpu)
+        if self.emulated is not None:
+            lines += [f"emulated accelerator ({self.emulated.accelerator_ms:g} ms per step; the "
+                      "core only feeds it):"]
+            lines += self._table(self.emulated)
+        return "\n".join(lines)
+
+
 def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
                   pipelines: Sequence[str] = ("old", "new"), arch: str = "small",
                   image_size: int = 128, batch_size: int = 16, steps: int = 10,
                   warmup_steps: int = 20, repeats: int = 1, bind_to: str | None = "core",
                   map_by: str | None = None, env: Mapping[str, str] | None = None,
                   accelerator_ms: float | None = None,
-                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  log: Callable[[str], None] | None = None) -> ScalingResult:
     """Images/s per worker count and pipeline, and the scaling efficiency.
 
     For each worker count N a fresh :class:`~chexnet_utils.cluster.distributed.MPICluster` of N
@@ -167,9 +310,9 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
     ``HOROVOD_CYCLE_TIME``). With ``accelerator_ms`` every pipeline is also timed with an
     emulated accelerator (see the module docstring) on the same cluster.
 
-    Returns ``{"img_per_s": {pipeline: {N: mean}}, "efficiency": {pipeline: {N: eff}}, ...}``
-    for the CPU model, the same under ``"emulated"`` when ``accelerator_ms`` is given, every
-    run, and the cluster start/stop times.
+    Returns a :class:`ScalingResult`: every run, images/s and efficiency per pipeline and
+    worker count of the CPU model (``result.efficiency["new"][2]``), the same in
+    ``result.emulated`` when ``accelerator_ms`` is given, and the cluster start/stop times.
     """
     from chexnet_utils.cluster.distributed import MPICluster
     from chexnet_utils.hardware.devices import usable_cores
@@ -184,7 +327,7 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
     modes = [0.0] + ([float(accelerator_ms)] if accelerator_ms else [])
     runs: dict[float, dict[str, dict[int, list[float]]]] = {
         m: {p: {} for p in pipelines} for m in modes}
-    cluster_times: dict[int, dict[str, float]] = {}
+    cluster_times: dict[int, ClusterSeconds] = {}
     engine_envs: dict[int, dict[str, str]] = {}
     for n in workers:
         one_thread = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
@@ -205,54 +348,14 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
                         runs[m][p].setdefault(n, []).append(rate)
                         kind = f"emulated {m:g} ms accelerator" if m else "CPU model"
                         say(f"{n} worker(s), {p} pipeline, {kind}: {rate:.1f} img/s")
-        cluster_times[n] = {"start_s": cluster.start_seconds or 0.0,
-                            "stop_s": cluster.stop_seconds or 0.0}
+        cluster_times[n] = ClusterSeconds(start_s=cluster.start_seconds or 0.0,
+                                          stop_s=cluster.stop_seconds or 0.0)
 
-    def summary(m: float) -> dict[str, Any]:
-        means = {p: {n: sum(v) / len(v) for n, v in runs[m][p].items()} for p in pipelines}
-        return {
-            "img_per_s": {p: {str(n): r for n, r in means[p].items()} for p in pipelines},
-            "efficiency": {p: {str(n): e for n, e in efficiency(means[p]).items()}
-                           for p in pipelines} if 1 in workers else {},
-            "runs": {p: {str(n): v for n, v in runs[m][p].items()} for p in pipelines},
-        }
-
-    result: dict[str, Any] = {
-        "workers": list(workers), "pipelines": list(pipelines), "arch": arch,
-        "image_size": image_size, "batch_size_per_worker": batch_size, "steps": steps,
-        "warmup_steps": warmup_steps, "repeats": repeats, "bind_to": bind_to,
-        "cores": usable_cores(), "env": dict(env or {}), "tfrecords": str(tfrecords),
-        **summary(0.0),
-        "engine_env": {str(n): e for n, e in engine_envs.items()},
-        "cluster_seconds": {str(n): t for n, t in cluster_times.items()},
-    }
-    if accelerator_ms:
-        result["emulated"] = {"accelerator_ms": float(accelerator_ms),
-                              **summary(float(accelerator_ms))}
-    return result
-
-
-def _table(r: dict[str, Any], block: dict[str, Any]) -> list[str]:
-    lines = [f"{'workers':>8}  " + "  ".join(f"{p + ' img/s':>12}  {'eff.':>5}"
-                                             for p in r["pipelines"])]
-    for n in r["workers"]:
-        cells = []
-        for p in r["pipelines"]:
-            eff = block["efficiency"].get(p, {}).get(str(n), float("nan"))
-            cells.append(f"{block['img_per_s'][p][str(n)]:12.1f}  {eff:5.2f}")
-        lines.append(f"{n:>8}  " + "  ".join(cells))
-    return lines
-
-
-def format_scaling(r: dict[str, Any]) -> str:
-    """Readable table of :func:`bench_scaling` results (and of the emulated accelerator)."""
-    lines = [f"{r['arch']} at {r['image_size']} px, batch {r['batch_size_per_worker']}/worker, "
-             f"{r['steps']} timed steps, bind-to {r['bind_to']}, {r['cores']} cores",
-             "model on the CPU (one core per worker):"]
-    lines += _table(r, r)
-    if "emulated" in r:
-        e = r["emulated"]
-        lines += [f"emulated accelerator ({e['accelerator_ms']:g} ms per step; the core only "
-                  "feeds it):"]
-        lines += _table(r, e)
-    return "\n".join(lines)
+    return ScalingResult(
+        workers=list(workers), pipelines=list(pipelines), arch=arch, image_size=image_size,
+        batch_size_per_worker=batch_size, steps=steps, warmup_steps=warmup_steps,
+        repeats=repeats, bind_to=bind_to, cores=usable_cores(), env=dict(env or {}),
+        tfrecords=str(tfrecords), cpu=ScalingBlock(runs[0.0]), engine_env=engine_envs,
+        cluster_seconds=cluster_times,
+        emulated=ScalingBlock(runs[modes[-1]], accelerator_ms=modes[-1]) if accelerator_ms
+        else None)

@@ -4,9 +4,12 @@ curves and panels, learning curves of several workers, GPU use."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from chexnet_utils.bench.scaling import ScalingBlock
 
 
 def bars(values: Mapping[str, float], ylabel: str, title: str, errors: Mapping[str, float]
@@ -233,27 +236,29 @@ def worker_learning_curves(histories: Mapping[str, Mapping[str, Sequence[float]]
     return fig
 
 
-def scaling_panels(panels: Mapping[str, Mapping[str, Any]], workers: Sequence[int],
+def scaling_panels(panels: Mapping[str, ScalingBlock], workers: Sequence[int],
                    pipelines: Sequence[str] = ("old", "new"),
                    title: str = "Data-parallel scaling (labels: efficiency)"):  # noqa: ANN201
-    """Images/s against workers, one panel per entry of ``panels`` (its title -> a block of
-    :func:`chexnet_utils.bench.scaling.bench_scaling`'s result with ``img_per_s`` and
-    ``efficiency`` per pipeline and worker count as a string), one line per pipeline,
-    each point after the first labelled with its scaling efficiency, and the ideal line
-    (the last pipeline's 1-worker rate times the workers) dashed."""
+    """Images/s against workers, one panel per entry of ``panels`` (its title -> a
+    :class:`~chexnet_utils.bench.scaling.ScalingBlock` of
+    :func:`~chexnet_utils.bench.scaling.bench_scaling`'s result: ``result.cpu`` or
+    ``result.emulated``), one line per pipeline, each point after the first labelled with its
+    scaling efficiency, and the ideal line (the last pipeline's 1-worker rate times the
+    workers) dashed."""
     import matplotlib.pyplot as plt
 
     w = list(workers)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     colors = ("tab:gray", "tab:blue", "tab:green", "tab:orange")
     for ax, (panel_title, block) in zip(axes[0], panels.items(), strict=True):
-        base = block["img_per_s"][pipelines[-1]][str(w[0])] / w[0]
+        img_per_s, eff = block.img_per_s, block.efficiency
+        base = img_per_s[pipelines[-1]][w[0]] / w[0]
         ax.plot(w, [base * n for n in w], "k--", label="ideal (linear)")
         for p, color in zip(pipelines, colors, strict=False):
-            rates = [block["img_per_s"][p][str(n)] for n in w]
+            rates = [img_per_s[p][n] for n in w]
             ax.plot(w, rates, marker="o", color=color, label=f"{p} pipeline")
             for n, r in zip(w[1:], rates[1:], strict=True):  # 1 worker is 100 % by definition
-                ax.annotate(f"{block['efficiency'][p][str(n)]:.0%}", (n, r),
+                ax.annotate(f"{eff[p][n]:.0%}", (n, r),
                             textcoords="offset points", xytext=(6, -12), color=color,
                             fontsize=9)
         ax.set(xlabel="workers (one core each)", ylabel="training images / s",

@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from chexnet_utils import plots  # noqa: E402
+from chexnet_utils.bench.scaling import ScalingBlock  # noqa: E402
 from chexnet_utils.comm import costmodel  # noqa: E402
 
 
@@ -130,15 +131,11 @@ def test_allreduce_overlap_one_timeline_per_mode(tmp_path):
         "grouped: when each gradient reached Horovod"]
 
 
-def _block(rates_old: list[float], rates_new: list[float]) -> dict:
-    def per(rates: list[float]) -> dict:
-        return {str(i + 1): r for i, r in enumerate(rates)}
+def _block(rates_old: list[float], rates_new: list[float]) -> ScalingBlock:
+    def per(rates: list[float]) -> dict[int, list[float]]:  # one run per worker count
+        return {i + 1: [r] for i, r in enumerate(rates)}
 
-    def eff(rates: list[float]) -> dict:
-        return {str(i + 1): r / ((i + 1) * rates[0]) for i, r in enumerate(rates)}
-
-    return {"img_per_s": {"old": per(rates_old), "new": per(rates_new)},
-            "efficiency": {"old": eff(rates_old), "new": eff(rates_new)}}
+    return ScalingBlock(runs={"old": per(rates_old), "new": per(rates_new)})
 
 
 def test_scaling_panels_ideal_lines_and_efficiency_labels():

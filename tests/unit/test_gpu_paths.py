@@ -405,13 +405,16 @@ def test_bench_gpu_node_with_a_fake_runner() -> None:
     assert (cfg.arch, cfg.image_size, cfg.batch_size, cfg.steps, cfg.pipeline) == (
         "densenet121", 224, 24, 7, "new")
     rates = {k: run(k, cfg)["img_per_s"] for k in (1, 2, 4)}
+    assert isinstance(r, gpu_node.GpuNodeResult) and r.gpus == [1, 2, 4]
     for k in (1, 2, 4):
-        assert r["img_per_s"][str(k)] == pytest.approx(rates[k])
-        assert r["speedup"][str(k)] == pytest.approx(rates[k] / rates[1])
-        assert r["efficiency"][str(k)] == pytest.approx(rates[k] / (k * rates[1]))
-    assert r["runs"]["4"]["mpirun_args"] == ["--map-by", "ppr:4:socket", "--bind-to", "socket"]
-    assert r["mixed_precision"] is True and r["xla"] is False
-    json.dumps(r)  # the report is JSON
+        assert r.img_per_s[k] == pytest.approx(rates[k])
+        assert r.speedup[k] == pytest.approx(rates[k] / rates[1])
+        assert r.efficiency[k] == pytest.approx(rates[k] / (k * rates[1]))
+    assert r.runs[4]["mpirun_args"] == ["--map-by", "ppr:4:socket", "--bind-to", "socket"]
+    assert r.mixed_precision is True and r.xla is False
+    assert r.gpu_names == [g.name for g in fake_gpus(4)]
+    assert (r.arch, r.image_size, r.batch_size_per_gpu, r.steps, r.pipeline) == (
+        "densenet121", 224, 24, 7, "new")
     # the per-GPU batch defaults to the gpu-node scale's
     from chexnet_utils import config
 
@@ -430,31 +433,62 @@ def test_both_archs_side_by_side() -> None:
     for arch, (_, calls) in runners.items():
         assert [cfg.arch for _, cfg in calls] == [arch, arch]
     lines = gpu_node.format_arch_comparison(tables).splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["1", "2"]
     assert lines[0].split() == ["GPUs", "densenet121", "img/s", "eff.",
                                 "resnet50", "img/s", "eff."]
     row = lines[2].split()
     assert row[0] == "2"
     for arch, (rate, eff) in zip(gpu_node.ARCHS, [row[1:3], row[3:5]], strict=True):
-        assert float(rate) == pytest.approx(tables[arch]["img_per_s"]["2"], abs=0.05)
-        assert eff == f"{tables[arch]['efficiency']['2']:.0%}"
+        assert float(rate) == pytest.approx(tables[arch].img_per_s[2], abs=0.05)
+        assert eff == f"{tables[arch].efficiency[2]:.0%}"
 
 
 def test_report_table_and_reference_points() -> None:
     run, _ = fake_run()
     r = gpu_node.bench_gpu_node("/nowhere", None, visible=fake_gpus(8), run=run, topology="")
-    text = gpu_node.format_gpu_node(r)
+    text = str(r)
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["GPUs", "images/s"])
     rows = [line.split() for line in lines[header + 1:header + 6]]
     assert [int(row[0]) for row in rows] == [1, 2, 3, 4, 8]      # the articles' GPU counts
     for row in rows:
-        k = row[0]
-        assert float(row[1]) == pytest.approx(r["img_per_s"][k], abs=0.05)
-        assert row[3] == f"{r['efficiency'][k]:.0%}"
+        k = int(row[0])
+        assert float(row[1]) == pytest.approx(r.img_per_s[k], abs=0.05)
+        assert row[2] == f"{r.speedup[k]:.2f}x"
+        assert row[3] == f"{r.efficiency[k]:.0%}"
     assert "published, not measured here" in text
     for ref in gpu_node.REFERENCES:
         assert ref["source"] in text and ref["machine"] in text
     assert "Fake V100" in text
+
+
+def test_gpu_node_result_from_known_numbers_and_its_json() -> None:
+    """Derived figures from two runs (300 and 540 img/s), the table's text, and the JSON: the
+    old report's keys, GPU counts as strings, the same numbers after a round trip."""
+    from chexnet_utils.platform.atomic import json_safe
+
+    runs = {1: {"img_per_s": 300.0, "mixed_precision": True, "xla": None},
+            2: {"img_per_s": 540.0, "mixed_precision": True, "xla": None}}
+    r = gpu_node.GpuNodeResult(gpus=[1, 2], gpu_names=["V100", "V100"], arch="densenet121",
+                               image_size=224, batch_size_per_gpu=32, pipeline="new", steps=5,
+                               warmup_steps=2, runs=runs)
+    assert r.img_per_s == {1: 300.0, 2: 540.0}
+    assert r.speedup == pytest.approx({1: 1.0, 2: 1.8})
+    assert r.efficiency == pytest.approx({1: 1.0, 2: 0.9})
+    assert (r.mixed_precision, r.xla) == (True, None)
+    assert r.references == [dict(ref) for ref in gpu_node.REFERENCES]
+    lines = str(r).splitlines()
+    assert lines[0] == ("CheXNet densenet121 at 224 px, batch 32 per GPU, new pipeline, mixed "
+                        "precision on, XLA ?; measured on this node (V100)")
+    assert lines[2:4] == ["    1      300.0     1.00x       100%",
+                          "    2      540.0     1.80x        90%"]
+    d = json.loads(json.dumps(json_safe(r)))
+    assert list(d) == ["gpus", "gpu_names", "arch", "image_size", "batch_size_per_gpu",
+                       "pipeline", "steps", "warmup_steps", "mixed_precision", "xla",
+                       "img_per_s", "speedup", "efficiency", "runs", "references"]
+    assert d["img_per_s"] == {"1": 300.0, "2": 540.0} and d["efficiency"]["2"] == 0.9
+    assert d["speedup"]["2"] == pytest.approx(1.8) and d["runs"]["2"]["img_per_s"] == 540.0
+    assert d["mixed_precision"] is True and d["xla"] is None and d["gpus"] == [1, 2]
 
 
 def test_utilisation_old_vs_new_with_fakes_and_its_figure() -> None:
