@@ -105,6 +105,40 @@ SERVICE_OPTIONS: dict[str, Option] = {
 parameters; ``--tfrecords`` (made if missing), ``--image-size`` (the scale preset's) and
 ``--json`` by hand."""
 
+SCALING_OPTIONS: dict[str, Option] = {
+    "workers": Option("--workers", "comma list of worker counts", "LIST"),
+    "pipelines": Option("--pipelines", "comma list of the pipelines to time: old, new", "LIST"),
+    "arch": Option("--arch", "the model each worker trains"),
+    "image_size": Option("--image-size", "model input side", "PX"),
+    "batch_size": Option("--batch-size", "images per batch per worker", "N"),
+    "steps": Option("--steps", "timed steps per run", "N"),
+    "warmup_steps": Option("--warmup", "untimed steps before each run (enough for the old "
+                                       "pipeline's prefetched batches to run out)", "N"),
+    "repeats": Option("--repeats", "runs per setting", "N"),
+    "bind_to": Option("--bind-to", "mpiexec --bind-to (none = unbound)"),
+    "map_by": Option("--map-by", "mpiexec --map-by, e.g. socket"),
+    "accelerator_ms": Option("--emulate-accelerator", "also time an emulated accelerator taking "
+                                                      "MS per step (the CPU only feeds it), "
+                                                      "e.g. 20", "MS"),
+}
+"""``bench scaling``'s options from :func:`~chexnet_utils.bench.scaling.bench_scaling`'s
+parameters; ``--tfrecords`` (made if missing), ``--env`` (``KEY=VALUE``, repeatable) and
+``--json`` by hand."""
+
+GPU_NODE_OPTIONS: dict[str, Option] = {
+    "gpus": Option("--gpus", "comma list of GPU counts, with 1 (default: 1,2,3,4,8 up to the "
+                             "visible GPUs, and their number)", "LIST"),
+    "arch": Option("--arch", "the model"),
+    "image_size": Option("--image-size", "model input side", "PX"),
+    "batch_size": Option("--batch-size", "per GPU (default: the gpu-node scale's)", "N"),
+    "steps": Option("--steps", "timed steps per GPU count", "N"),
+    "warmup_steps": Option("--warmup", "untimed steps first", "N"),
+    "pipeline": Option("--pipeline", "the input pipeline"),
+}
+"""``bench gpu-node``'s options from :func:`~chexnet_utils.bench.gpu_node.bench_gpu_node`'s
+parameters; ``--tfrecords``, ``--mixed-precision`` and ``--xla`` (auto, on, off) and ``--json``
+by hand."""
+
 LINK_OPTIONS: dict[str, Option] = {
     "launchers": Option("--launchers", "comma list of mpirun, mpirun-rd, gloo (default: the "
                                        "preset's)", "LIST"),
@@ -293,21 +327,15 @@ def _cmd_bench_scaling(args: argparse.Namespace) -> int:
         from chexnet_utils.data.prepare import prepare_tfrecords
 
         tfr = prepare_tfrecords(image_size=None, progress=False)
-    result = bench_scaling(tfr, workers=[int(w) for w in args.workers.split(",")],
-                           pipelines=args.pipelines.split(","), arch=args.arch,
-                           image_size=args.image_size, batch_size=args.batch_size,
-                           steps=args.steps, warmup_steps=args.warmup, repeats=args.repeats,
-                           bind_to=args.bind_to,  # "none" is passed on: really unbound
-                           map_by=args.map_by, env=_env_pairs(args.env),
-                           accelerator_ms=args.emulate_accelerator,
-                           log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    result = bench_scaling(tfr, env=_env_pairs(args.env),
+                           log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+                           **option_values(args, SCALING_OPTIONS))
     print(result)
     _write_json(args.json, result)
     return 0
 
 
 def _cmd_bench_gpu_node(args: argparse.Namespace) -> int:
-    from chexnet_utils import config
     from chexnet_utils.bench.gpu_node import bench_gpu_node, no_gpu_message
     from chexnet_utils.hardware import devices
     from chexnet_utils.model.accelerator import parse_switch
@@ -323,13 +351,10 @@ def _cmd_bench_gpu_node(args: argparse.Namespace) -> int:
 
         tfr = prepare_tfrecords(image_size=None, progress=False)
     result = bench_gpu_node(
-        tfr, [int(k) for k in args.gpus.split(",")] if args.gpus else None, arch=args.arch,
-        image_size=args.image_size,
-        batch_size=args.batch_size or config.scale("gpu-node").batch_size, steps=args.steps,
-        warmup_steps=args.warmup, pipeline=args.pipeline,
-        mixed_precision=parse_switch(args.mixed_precision, "--mixed-precision"),
+        tfr, mixed_precision=parse_switch(args.mixed_precision, "--mixed-precision"),
         xla=parse_switch(args.xla, "--xla"), visible=visible,
-        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+        **option_values(args, GPU_NODE_OPTIONS))
     print(result)
     _write_json(args.json, result)
     return 0
@@ -485,49 +510,27 @@ def _image_sizes(text: str) -> list[int | None]:
 
 def _add_cluster_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``bench scaling``, ``bench gpu-node`` and ``bench link``: many workers."""
+    from chexnet_utils.bench.gpu_node import bench_gpu_node
     from chexnet_utils.bench.link import bench_link
+    from chexnet_utils.bench.scaling import bench_scaling
 
     b = bench.add_parser("scaling", help="Horovod images/s on 1..N MPI engines, old vs new")
-    b.add_argument("--workers", default="1,2", help="comma list of worker counts (default 1,2)")
-    b.add_argument("--json", type=Path, default=None, help="write the results here")
     b.add_argument("--tfrecords", type=Path, default=None,
                    help="converted folder (default: full-size shards of the scale's data set)")
-    b.add_argument("--pipelines", default="old,new", help="default old,new")
-    b.add_argument("--arch", default="small")
-    b.add_argument("--image-size", type=int, default=128, metavar="PX")
-    b.add_argument("--batch-size", type=int, default=16, metavar="N", help="per worker")
-    b.add_argument("--steps", type=int, default=10, help="timed steps per run (default 10)")
-    b.add_argument("--warmup", type=int, default=20,
-                   help="untimed steps before each run (default 20: enough for the old "
-                        "pipeline's prefetched batches to run out)")
-    b.add_argument("--repeats", type=int, default=1, help="runs per setting (default 1)")
-    b.add_argument("--bind-to", default="core",
-                   help="mpiexec --bind-to (default core; none = unbound)")
-    b.add_argument("--map-by", default=None, help="mpiexec --map-by, e.g. socket")
-    b.add_argument("--emulate-accelerator", type=float, default=None, metavar="MS",
-                   help="also time an emulated accelerator taking MS per step (the CPU "
-                        "only feeds it), e.g. 20")
+    add_config_options(b, bench_scaling, SCALING_OPTIONS)
     b.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="engine environment variable, repeatable (e.g. "
                         "OMPI_MCA_mpi_yield_when_idle=0 to let MPI spin)")
+    b.add_argument("--json", type=Path, default=None, help="write the results here")
     b.set_defaults(handler=_cmd_bench_scaling)
 
     b = bench.add_parser("gpu-node", help="CheXNet images/s, speed-up and efficiency on 1..N "
                                           "GPUs beside published reference points (exit 3 "
                                           "without a GPU)")
-    b.add_argument("--gpus", default=None, metavar="LIST",
-                   help="comma list of GPU counts, with 1 (default: 1,2,3,4,8 up to the "
-                        "visible GPUs, and their number)")
-    b.add_argument("--json", type=Path, default=None, help="write the results here")
     b.add_argument("--tfrecords", type=Path, default=None,
                    help="converted folder (default: full-size shards of the scale's data set)")
-    b.add_argument("--arch", default="densenet121", choices=("densenet121", "resnet50", "small"))
-    b.add_argument("--image-size", type=int, default=224, metavar="PX", help="default 224")
-    b.add_argument("--batch-size", type=int, default=None, metavar="N",
-                   help="per GPU (default: the gpu-node scale's)")
-    b.add_argument("--steps", type=int, default=50, help="timed steps per count (default 50)")
-    b.add_argument("--warmup", type=int, default=20, help="untimed steps first (default 20)")
-    b.add_argument("--pipeline", choices=("new", "old"), default="new")
+    add_config_options(b, bench_gpu_node, GPU_NODE_OPTIONS)
+    b.add_argument("--json", type=Path, default=None, help="write the results here")
     for switch, what in (("--mixed-precision", "mixed_float16 (auto: on with a GPU)"),
                          ("--xla", "jit_compile (auto: on only with HOROVOD_ENABLE_XLA_OPS=1 "
                                    "under Horovod; on sets it for the engines)")):

@@ -28,7 +28,8 @@ from typing import Any
 
 from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.comm.collectives import barrier
-from chexnet_utils.model.architectures import FULL_SIZE_ARCHITECTURES
+from chexnet_utils.input.pipelines import Pipeline
+from chexnet_utils.model.architectures import FULL_SIZE_ARCHITECTURES, Architecture
 from chexnet_utils.platform.timing import barrier_windows
 
 ARTICLE_GPU_COUNTS = (1, 2, 3, 4, 8)
@@ -265,9 +266,9 @@ class GpuNodeResult:
 
 
 def bench_gpu_node(tfrecords: Path | str, gpus: Sequence[int] | None = None, *,
-                   arch: str = "densenet121", image_size: int = 224,
+                   arch: Architecture = "densenet121", image_size: int = 224,
                    batch_size: int | None = None, steps: int = 50, warmup_steps: int = 20,
-                   pipeline: str = "new", mixed_precision: bool | None = None,
+                   pipeline: Pipeline = "new", mixed_precision: bool | None = None,
                    xla: bool | None = None, visible: Sequence[Any] | None = None,
                    topology: str | None = None, run: RunOnGpus | None = None,
                    log: Callable[[str], None] | None = None) -> GpuNodeResult:
@@ -326,11 +327,12 @@ def format_arch_comparison(tables: Mapping[str, GpuNodeResult]) -> str:
     return "\n".join(lines)
 
 
-def utilisation_old_vs_new(tfrecords: Path | str, *, arch: str = "densenet121",
+def utilisation_old_vs_new(tfrecords: Path | str, *, arch: Architecture = "densenet121",
                            image_size: int = 224, batch_size: int = 32, steps: int = 100,
                            warmup_steps: int = 10, interval: float = 0.1,
-                           pipelines: Sequence[str] = ("old", "new"), nvml: Any | None = None,
-                           run: RunOnGpus | None = None) -> dict[str, Any]:
+                           pipelines: Sequence[Pipeline] = ("old", "new"),
+                           nvml: Any | None = None, run: RunOnGpus | None = None
+                           ) -> dict[str, Any]:
     """Train on one GPU with each pipeline while NVML samples the GPU's utilisation.
 
     Returns ``{pipeline: {"samples": [...], "summary": {...}, "img_per_s": ...,

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.comm.collectives import barrier
+from chexnet_utils.input.pipelines import Pipeline
+from chexnet_utils.model.architectures import Architecture
 from chexnet_utils.platform.timing import barrier_windows
 
 if TYPE_CHECKING:
@@ -295,7 +297,7 @@ class ScalingResult:
 
 
 def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
-                  pipelines: Sequence[str] = ("old", "new"), arch: str = "small",
+                  pipelines: Sequence[Pipeline] = ("old", "new"), arch: Architecture = "small",
                   image_size: int = 128, batch_size: int = 16, steps: int = 10,
                   warmup_steps: int = 20, repeats: int = 1, bind_to: str | None = "core",
                   map_by: str | None = None, env: Mapping[str, str] | None = None,

@@ -29,6 +29,7 @@ from chexnet_utils.comm.collectives import (
     quiet_tensorflow,
 )
 from chexnet_utils.comm.timeline import record_timeline
+from chexnet_utils.input.pipelines import Pipeline
 from chexnet_utils.platform.timing import barrier_windows
 from chexnet_utils.training.horovod_keras import weights_sha256
 
@@ -66,7 +67,7 @@ class StepConfig:
     """Converted folder whose train shards feed the step (pipeline-fed timers); ``None``:
     a synthetic in-memory batch, made once per worker (random images and labels) and
     reused, so only compute and gradient communication are timed."""
-    pipeline: str = "new"
+    pipeline: Pipeline = "new"
     """``"old"`` or ``"new"`` input pipeline (pipeline-fed timers)."""
     shuffle_buffer: int | None = None
     """Record shuffle buffer of the pipeline; ``None``: the timer's default."""

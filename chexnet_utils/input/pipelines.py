@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from os import PathLike
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from chexnet_utils.data.labels import NUM_CLASSES
 from chexnet_utils.platform.checks import require_at_least
@@ -72,6 +72,8 @@ __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "PIPELINES",
+    "Pipeline",
     "build_pipeline",
     "decode_resize",
     "new_approach",
@@ -80,6 +82,11 @@ __all__ = [
     "preprocess",
     "preprocess_batch",
 ]
+
+Pipeline = Literal["new", "old"]
+"""The input pipeline by name: the new or the old ``tf.data`` approach (:func:`build_pipeline`;
+``TrainConfig.pipeline``, the benchmarks' ``pipeline(s)``)."""
+PIPELINES: tuple[str, ...] = get_args(Pipeline)
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 """Per-channel (R, G, B) mean of ImageNet in [0, 1]; CheXNet starts from ImageNet weights, so
@@ -392,7 +399,7 @@ def new_approach(files: Files, batch_size: int, image_size: int, training: bool 
     return ds.prefetch(tf.data.AUTOTUNE)                                    # 10.
 
 
-def build_pipeline(approach: str, files: Files, batch_size: int, image_size: int,
+def build_pipeline(approach: Pipeline, files: Files, batch_size: int, image_size: int,
                    **kwargs: Any) -> tf.data.Dataset:
     """``"old"`` -> :func:`old_approach`, ``"new"`` -> :func:`new_approach` (the CLI's
     ``--pipeline``); ``kwargs`` go to the builder."""

@@ -47,7 +47,7 @@ from chexnet_utils.training.dataparallel import (
     scaled_learning_rate,
 )
 from chexnet_utils.training.horovod_keras import weights_sha256
-from chexnet_utils.training.loop import PIPELINES, TrainConfig, TrainResult, train, train_on_engine
+from chexnet_utils.training.loop import TrainConfig, TrainResult, train, train_on_engine
 from chexnet_utils.training.splits import predict_split, training_label_sums
 
 __all__ = [
@@ -55,6 +55,6 @@ __all__ = [
     "STATE_NAME", "TENSORBOARD_DIR", "load_checkpoint", "read_csv_log",
     "LR_SCALINGS", "broadcast_initial_state", "gradient_averager", "init_world",
     "scaled_learning_rate", "weights_sha256",
-    "PIPELINES", "TrainConfig", "TrainResult", "train", "train_on_engine",
+    "TrainConfig", "TrainResult", "train", "train_on_engine",
     "predict_split", "training_label_sums",
 ]

@@ -87,12 +87,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from chexnet_utils.data.labels import PATHOLOGIES
-from chexnet_utils.input.pipelines import DEFAULT_SHUFFLE_BUFFER
+from chexnet_utils.input.pipelines import DEFAULT_SHUFFLE_BUFFER, Pipeline
 from chexnet_utils.model.architectures import Architecture
 from chexnet_utils.model.auroc import CHEXNET_PAPER_MEAN_AUROC, mean_auroc, per_class_auroc
 from chexnet_utils.platform.checks import require_choices
@@ -127,10 +127,6 @@ from chexnet_utils.training.splits import (
 if TYPE_CHECKING:
     from chexnet_utils.model.accelerator import Switches
     from chexnet_utils.training.callbacks import EpochTimer
-
-Pipeline = Literal["new", "old"]
-"""The training input: the new or the old ``tf.data`` approach."""
-PIPELINES: tuple[str, ...] = get_args(Pipeline)
 
 Allreduce = Literal["per_tensor", "grouped"]
 """How the gradients are averaged (:func:`gradient_averager`)."""
