@@ -183,6 +183,7 @@ class DecodeCeiling:
                 "ceiling_img_per_s": self.ceiling_img_per_s}
 
     def __str__(self) -> str:
+        """The single-core rate, the cores and the ceiling, on one line."""
         return (f"{self.img_per_s_single_core:.1f} images/s on one core x {self.cores} "
                 f"core(s) = {self.ceiling_img_per_s:.1f} images/s ({self.n_images} images at "
                 f"{self.image_size} px, best of {len(self.per_pass_img_per_s)} pass(es))")

@@ -33,6 +33,7 @@ from chexnet_utils.platform.timing import (
     block,
     fed_run,
     first_batch,
+    idle_fraction,
     pipeline_run,
 )
 
@@ -141,7 +142,7 @@ def time_training(model: keras.Model, dataset: tf.data.Dataset, n_steps: int = 1
     if images == 0:
         raise ValueError("the dataset ran out before the timed steps; repeat it")
     real = images / seconds
-    idle = min(1.0, max(0.0, 1.0 - real / synthetic_img_per_s))
+    idle = idle_fraction(real, synthetic_img_per_s)
     return TrainingResult(real_img_per_s=real, synthetic_img_per_s=synthetic_img_per_s,
                           idle_fraction=idle, n_steps=n_steps, batch_size=batch_len(batch),
                           real_seconds=seconds, synthetic_seconds=synth_seconds)
@@ -167,8 +168,9 @@ class FedTrainingResult:
 
     @property
     def idle_fraction(self) -> float:
-        """``1 - fed / in-memory`` (clipped to [0, 1]), as in :class:`TrainingResult`."""
-        return min(1.0, max(0.0, 1.0 - self.fed / self.in_memory)) if self.in_memory else 0.0
+        """``1 - fed / in-memory`` (clipped to [0, 1]; NaN without an in-memory rate), as in
+        :class:`TrainingResult` (:func:`~chexnet_utils.platform.timing.idle_fraction`)."""
+        return idle_fraction(self.fed, self.in_memory)
 
     @property
     def pipelined_bound(self) -> float:

@@ -49,7 +49,6 @@ burst of load from elsewhere hurts both alike.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -85,7 +84,7 @@ from chexnet_utils.input.pipelines import (
     new_approach,
     old_approach,
 )
-from chexnet_utils.platform.timing import RunMean, first_batch, mean_std
+from chexnet_utils.platform.timing import RunMean, first_batch, idle_fraction, mean_std, ratio
 
 if TYPE_CHECKING:
     import keras
@@ -120,11 +119,6 @@ notebooks' ``benchmark.available_cores()``)."""
 # --------------------------------------------------------------------------------------------
 # The whole comparison
 # --------------------------------------------------------------------------------------------
-
-def _idle(real: float, synthetic: float) -> float:
-    """``1 - real / synthetic`` clipped to [0, 1], as :class:`TrainingResult` computes it."""
-    return min(1.0, max(0.0, 1.0 - real / synthetic)) if synthetic > 0 else math.nan
-
 
 @dataclass(frozen=True)
 class PipelinesResult:
@@ -209,25 +203,23 @@ class PipelinesResult:
     @property
     def new_over_old(self) -> float:
         """New / old images/s (NaN when the old rate is 0)."""
-        old = self.old_img_per_s
-        return self.new_img_per_s / old if old > 0 else math.nan
+        return ratio(self.new_img_per_s, self.old_img_per_s)
 
     @property
     def new_over_ceiling(self) -> float:
         """New images/s / the decode ceiling (NaN when the ceiling is 0)."""
-        ceil = self.decode_ceiling_img_per_s
-        return self.new_img_per_s / ceil if ceil > 0 else math.nan
+        return ratio(self.new_img_per_s, self.decode_ceiling_img_per_s)
 
     @property
     def idle_fraction_old(self) -> float:
         """``1 - train_old / train_synthetic`` in [0, 1]: share of the step spent waiting for
         the old approach."""
-        return _idle(self.train_old_img_per_s, self.train_synthetic_img_per_s)
+        return idle_fraction(self.train_old_img_per_s, self.train_synthetic_img_per_s)
 
     @property
     def idle_fraction_new(self) -> float:
         """The same for the new approach."""
-        return _idle(self.train_new_img_per_s, self.train_synthetic_img_per_s)
+        return idle_fraction(self.train_new_img_per_s, self.train_synthetic_img_per_s)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields and the derived figures: the JSON of ``bench pipelines --json``."""

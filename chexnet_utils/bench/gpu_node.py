@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chexnet_utils.bench.scaling import efficiency, prepare_data_parallel_model
 from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.comm.collectives import barrier
 from chexnet_utils.input.pipelines import Pipeline
@@ -113,7 +114,6 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
 
     import keras
 
-    from chexnet_utils.bench.scaling import prepare_data_parallel_model
     from chexnet_utils.data.tfrecords import list_shards
     from chexnet_utils.input.pipelines import accelerator_device, build_pipeline, to_accelerator
     from chexnet_utils.model.accelerator import build_model, resolve_switches
@@ -182,13 +182,13 @@ class GpuNodeResult:
     """The GPU counts measured, in order (always including 1)."""
     gpu_names: list[str]
     """Names of the visible GPUs."""
-    arch: str
+    arch: Architecture
     """Model architecture trained."""
     image_size: int
     """Image side in pixels."""
     batch_size_per_gpu: int
     """Images per step on each GPU."""
-    pipeline: str
+    pipeline: Pipeline
     """The input pipeline that fed the GPUs."""
     steps: int
     """Timed steps per GPU count."""
@@ -216,8 +216,6 @@ class GpuNodeResult:
     @property
     def efficiency(self) -> dict[int, float]:
         """``rate(k) / (k * rate(1))`` per GPU count (1.0: linear scaling)."""
-        from chexnet_utils.bench.scaling import efficiency
-
         return efficiency(self.img_per_s)
 
     @property

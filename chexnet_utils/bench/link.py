@@ -43,8 +43,9 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -68,12 +69,15 @@ algorithm), ``mpirun-rd`` (Open MPI told to use recursive doubling, algorithm 3:
 ranks one exchange of the whole tensor each way) and ``gloo`` (``horovodrun --gloo``)."""
 
 
+PresetName = Literal["quick", "full"]
+"""The names of :data:`PRESETS`."""
+
 
 @dataclass(frozen=True)
 class LinkPreset:
     """Sizes and counts of one :func:`bench_link` run (:data:`PRESETS`)."""
 
-    name: str
+    name: PresetName
     """The preset's key in :data:`PRESETS`."""
     max_bytes: int
     """Largest allreduce of the sweep (bytes); the sweep starts at 4 KiB."""
@@ -101,7 +105,7 @@ class LinkPreset:
         return message_sizes(self.max_bytes, min_bytes=4 * KIB, factor=self.factor)
 
 
-PRESETS: dict[str, LinkPreset] = {p.name: p for p in (
+PRESETS: dict[PresetName, LinkPreset] = {p.name: p for p in (
     LinkPreset("quick", max_bytes=16 * MIB, factor=4, repeats=3, count_bytes=16 * MIB,
                count_iters=2, tcp_bytes=64 * MIB, hier_bytes=4 * MIB, hier_flat=False,
                launchers=("mpirun", "gloo")),
@@ -164,6 +168,7 @@ class TcpThroughput:
         return {**asdict(self), "bytes_per_s": self.bytes_per_s}
 
     def __str__(self) -> str:
+        """Bytes, seconds and the rate in Gbit/s, on one line."""
         return (f"{format_bytes(self.bytes)} in {self.seconds:.3g} s: "
                 f"{self.bytes_per_s * 8 / 1e9:.3g} Gbit/s")
 
@@ -192,7 +197,7 @@ class SweepFit:
         if len(self.sizes_bytes) != len(self.times_s):
             raise ValueError(f"{len(self.sizes_bytes)} sizes but {len(self.times_s)} times")
 
-    @property
+    @cached_property  # fitted once: the figures below all read it
     def alpha_beta(self) -> tuple[float, float]:
         """``(alpha_s, beta_s_per_byte)`` of the ring model fitted to the sweep."""
         return fit_alpha_beta(self.sizes_bytes, self.times_s, algorithm="ring", n=self.ranks)
@@ -257,19 +262,22 @@ class LinkCounts:
     sum_ok: bool
     """Every rank's allreduce result was right."""
     local_size: int
-    """Ranks per node."""
+    """Ranks per node, as Horovod reported them."""
     hierarchical_env: bool
     """Run with ``HOROVOD_HIERARCHICAL_ALLREDUCE=1``."""
+    slots: int = 1
+    """Ranks per node asked for: the expected bytes are those of this layout, so ranks
+    placed otherwise (``local_size`` differs) show as a ratio far from 1."""
 
     @property
     def expected_flat(self) -> float:
         """Bytes a flat ring sends over one node's link (:func:`expected_link_bytes`)."""
-        return expected_link_bytes(self.count_bytes, self.local_size)
+        return expected_link_bytes(self.count_bytes, self.slots)
 
     @property
     def expected_hierarchical(self) -> float:
         """Bytes a hierarchical allreduce sends over one node's link."""
-        return expected_link_bytes(self.count_bytes, self.local_size, hierarchical=True)
+        return expected_link_bytes(self.count_bytes, self.slots, hierarchical=True)
 
     @property
     def ratio_to_flat(self) -> float:
@@ -360,7 +368,7 @@ class LinkResult:
     """What :func:`bench_link` measured across two nodes; ``str()`` gives the tables
     ``bench link`` prints, :meth:`tables` their rows."""
 
-    preset: str
+    preset: PresetName
     """Name in :data:`PRESETS`."""
     rate_bit: float
     """Rate of the shaped link (bits/s)."""
@@ -386,7 +394,7 @@ class LinkResult:
     wall_s: float
     """Wall time of the whole benchmark (s), building and removing the nodes included."""
 
-    @property
+    @cached_property
     def predictions(self) -> dict[str, ShapedPrediction]:
         """Launcher -> the alpha-beta model on the shaped link (:func:`predict_shaped`)."""
         return {name: predict_shaped(self.unshaped.fits[name], self.shaped.fits[name],
@@ -699,15 +707,18 @@ def sweep_summary(sweep: Mapping[str, Any], tcp_bps: float, wall_s: float = 0.0)
                     tcp_Bps=float(tcp_bps), wall_s=float(wall_s))
 
 
-def _counts(ranks: list[dict[str, Any]], hierarchical: bool = False) -> LinkCounts:
-    """Bytes that crossed the link per allreduce (node A's veth tx, read by rank 0)."""
+def _counts(ranks: list[dict[str, Any]], slots: int = 1,
+            hierarchical: bool = False) -> LinkCounts:
+    """Bytes that crossed the link per allreduce (node A's veth tx, read by rank 0), for
+    ``slots`` ranks per node."""
     r0 = ranks[0]
     iters = int(r0["count_iters"])
     return LinkCounts(count_bytes=int(r0["count_bytes"]), count_iters=iters,
                       tx_per_allreduce=r0["tx_bytes"] / iters,
                       rx_per_allreduce=r0["rx_bytes"] / iters,
                       sum_ok=all(bool(r["sum_ok"]) for r in ranks),
-                      local_size=int(r0["local_size"]), hierarchical_env=bool(hierarchical))
+                      local_size=int(r0["local_size"]), hierarchical_env=bool(hierarchical),
+                      slots=slots)
 
 
 def measure_link(nodes: TwoNodes, preset: LinkPreset, launchers: Sequence[str],
@@ -775,7 +786,7 @@ def predict_shaped(unshaped: SweepFit, shaped: SweepFit, rate_bit: float,
                             tcp=ring(1.0 / shaped.tcp_Bps))
 
 
-def bench_link(preset: str = "full", rate_bit: float = 1e9,
+def bench_link(preset: PresetName = "full", rate_bit: float = 1e9,
                launchers: Sequence[str] | None = None, hierarchical: bool = True,
                log: Callable[[str], None] = lambda m: None) -> LinkResult:
     """Everything of the module on a fresh pair of nodes (built and torn down here).
@@ -788,8 +799,9 @@ def bench_link(preset: str = "full", rate_bit: float = 1e9,
     cfg = PRESETS[preset]
     launchers = list(cfg.launchers if launchers is None else launchers)
     unknown = sorted(set(launchers) - set(LAUNCHERS))
-    if unknown:
-        raise ValueError(f"unknown launcher(s) {unknown}: use {sorted(LAUNCHERS)}")
+    if unknown or not launchers:
+        raise ValueError(f"unknown launcher(s) {unknown}: use {sorted(LAUNCHERS)}" if unknown
+                         else f"no launcher given: use one or more of {sorted(LAUNCHERS)}")
     t_start = time.perf_counter()
     with two_nodes() as nodes:
         result = measure_link(nodes, cfg, launchers, rate_bit, log)
@@ -810,7 +822,8 @@ def _hierarchical(nodes: TwoNodes, launchers: Sequence[str], cfg: LinkPreset,
             ranks = run_probe(nodes, launcher, [size], repeats=cfg.repeats,
                               count_bytes=size, count_iters=cfg.count_iters, slots=2,
                               env=env)
-            row = HierarchicalRow(launcher=launcher, counts=_counts(ranks, hierarchical=flag),
+            row = HierarchicalRow(launcher=launcher,
+                                  counts=_counts(ranks, slots=2, hierarchical=flag),
                                   time_s=float(ranks[0]["sweep"]["times_s"][0]),
                                   wall_s=time.perf_counter() - t0)
             rows.append(row)

@@ -211,9 +211,9 @@ class ScalingResult:
 
     workers: list[int]
     """The worker counts measured, in order (one cluster each)."""
-    pipelines: list[str]
+    pipelines: list[Pipeline]
     """The input pipelines timed (``"old"``, ``"new"``)."""
-    arch: str
+    arch: Architecture
     """Model architecture trained."""
     image_size: int
     """Image side in pixels."""
@@ -273,6 +273,8 @@ class ScalingResult:
         return d
 
     def _table(self, block: ScalingBlock) -> list[str]:
+        """One block's lines: a row per worker count, images/s and efficiency per
+        pipeline."""
         lines = [f"{'workers':>8}  " + "  ".join(f"{p + ' img/s':>12}  {'eff.':>5}"
                                                  for p in self.pipelines)]
         rates, eff = block.img_per_s, block.efficiency

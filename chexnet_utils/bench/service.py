@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -34,18 +32,14 @@ from chexnet_utils.input.tfdata_service import (
     next_within,
     role_command,
 )
+from chexnet_utils.model.architectures import Architecture
 from chexnet_utils.platform.processes import set_parent_death_signal
-from chexnet_utils.platform.timing import RunMean
+from chexnet_utils.platform.timing import RunMean, ratio
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = ["ServiceResult", "bench_service", "trainer_run"]
-
-
-def _ratio(a: float, b: float) -> float:
-    """``a / b``, NaN when ``b`` is not positive (no runs, or a rate of 0)."""
-    return a / b if b > 0 else math.nan
 
 
 @dataclass(frozen=True)
@@ -73,7 +67,7 @@ class ServiceResult:
     """Shards of ``split`` the pipeline reads."""
     model: str
     """Name of the Keras model trained."""
-    arch: str
+    arch: Architecture
     """Architecture of :func:`chexnet_utils.model.models.build_chexnet` (``"small"``: the
     CPU-sized model)."""
     trainer_cpus: list[int]
@@ -115,11 +109,11 @@ class ServiceResult:
     @property
     def service_over_local(self) -> float:
         """Measured speed-up of the service: service / local images/s."""
-        return _ratio(self.service_img_per_s, self.local_img_per_s)
+        return ratio(self.service_img_per_s, self.local_img_per_s)
 
     def _d_c(self) -> tuple[float, float]:
         """``(d, c)``: seconds of decoding and of compute per image."""
-        return _ratio(1.0, self.decode_img_per_s), _ratio(1.0, self.compute_img_per_s)
+        return ratio(1.0, self.decode_img_per_s), ratio(1.0, self.compute_img_per_s)
 
     @property
     def d_ms(self) -> float:
@@ -135,23 +129,23 @@ class ServiceResult:
     def predicted_local_img_per_s(self) -> float:
         """``1 / (d + c)``: decoding and compute one after the other on one core, images/s."""
         d, c = self._d_c()
-        return _ratio(1.0, d + c)
+        return ratio(1.0, d + c)
 
     @property
     def predicted_service_img_per_s(self) -> float:
         """``1 / max(d, c)``: the slower of decoding (worker) and compute (trainer), images/s."""
-        return _ratio(1.0, max(self._d_c()))
+        return ratio(1.0, max(self._d_c()))
 
     @property
     def predicted_speedup(self) -> float:
         """``(d + c) / max(d, c)``: the predicted service / local (at most 2, when d = c)."""
         d, c = self._d_c()
-        return _ratio(d + c, max(d, c))
+        return ratio(d + c, max(d, c))
 
     @property
     def service_over_predicted(self) -> float:
         """Measured over predicted speed-up (1: the prediction holds)."""
-        return _ratio(self.service_over_local, self.predicted_speedup)
+        return ratio(self.service_over_local, self.predicted_speedup)
 
     @property
     def bytes_per_image(self) -> int:
@@ -219,7 +213,7 @@ def _drain(it: Iterator[Any], slow_s: float, limit: int = 500) -> int:
 
 def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_size: int = 16,
                 n_steps: int = 30, warmup: int = 5, repeats: int = 2, split: str = "train",
-                processing_mode: ProcessingMode = "parallel_epochs", arch: str = "small",
+                processing_mode: ProcessingMode = "parallel_epochs", arch: Architecture = "small",
                 seed: int = 0, prefetch: int = 4) -> dict[str, Any]:
     """The trainer of :func:`bench_service`, run in a process confined to its cores (one).
 
@@ -232,9 +226,9 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
     step that happens to be slow on either side would otherwise stall the other). Call
     with TensorFlow configured to one intra/inter-op thread before this point.
 
-    Returns the runs (``*_img_per_s_runs``, with the means of compute and decode), ``n_files``,
-    ``model`` and ``arch`` as a dict: the trainer process prints it as one JSON line, from
-    which :func:`bench_service` builds its :class:`ServiceResult`.
+    Returns the runs (``*_img_per_s_runs``: their means are :class:`ServiceResult`'s),
+    ``n_files``, ``model`` and ``arch`` as a dict: the trainer process prints it as one JSON
+    line, from which :func:`bench_service` builds its :class:`ServiceResult`.
     """
     import keras
 
@@ -273,9 +267,7 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
         _drain(service_it, 0.5 * batch_size / runs["decode"][-1])
         runs["service"].append(_timed_steps(step, service_it, n_steps, warmup))
     del service_it
-    return {"compute_img_per_s": statistics.fmean(runs["compute"]),
-            "decode_img_per_s": statistics.fmean(runs["decode"]),
-            "compute_img_per_s_runs": runs["compute"], "decode_img_per_s_runs": runs["decode"],
+    return {"compute_img_per_s_runs": runs["compute"], "decode_img_per_s_runs": runs["decode"],
             "local_img_per_s_runs": runs["local"], "service_img_per_s_runs": runs["service"],
             "n_files": len(files), "model": model.name, "arch": arch}
 
@@ -283,7 +275,7 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
 def bench_service(tfrecords_dir: str | os.PathLike[str], image_size: int = 128,
                   batch_size: int = 16, n_steps: int = 30, warmup: int = 5, repeats: int = 2,
                   split: str = "train", processing_mode: ProcessingMode = "parallel_epochs",
-                  arch: str = "small", trainer_cpus: Iterable[int] = (0,),
+                  arch: Architecture = "small", trainer_cpus: Iterable[int] = (0,),
                   worker_cpus: Iterable[int] = (1,), timeout: float = 900.0,
                   log: Any = None) -> ServiceResult:
     """A GPU host whose cores are all busy, on a CPU: local decoding vs a tf.data service.

@@ -30,6 +30,7 @@ from chexnet_utils.comm.collectives import (
 )
 from chexnet_utils.comm.timeline import record_timeline
 from chexnet_utils.input.pipelines import Pipeline
+from chexnet_utils.model.architectures import Architecture
 from chexnet_utils.platform.timing import barrier_windows
 from chexnet_utils.training.horovod_keras import weights_sha256
 
@@ -49,7 +50,7 @@ class StepConfig:
     own sizes).
     """
 
-    arch: str = "small"
+    arch: Architecture = "small"
     image_size: int = 64
     batch_size: int = 16
     """Per worker (the global batch grows with the number of workers, as in the articles)."""

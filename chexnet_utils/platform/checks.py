@@ -3,18 +3,21 @@
 One place for the "must be >= N" guard that data-set generation, input pipelines and the like
 apply to counts and sizes, so every such error reads the same:
 ``ValueError: batch_size must be >= 1, got 0``; and one place for string options: a dataclass
-field typed ``Literal["new", "old"]`` is its list of allowed values (:func:`literal_choices`,
-what the CLI offers as ``choices``), checked by :func:`require_choices`:
+field or parameter typed ``Literal["new", "old"]`` has its allowed values in the type
+(:func:`literal_values`; :func:`literal_choices` for a dataclass's fields; what the CLI offers
+as ``choices``), checked by :func:`require_choices`:
 ``ValueError: pipeline must be one of 'new', 'old'; got 'fast'``.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import types
 import typing
 from typing import Any, Literal
 
-__all__ = ["literal_choices", "require_at_least", "require_choices"]
+__all__ = ["literal_choices", "literal_values", "require_at_least", "require_choices"]
 
 
 def require_at_least(minimum: int, **values: int) -> None:
@@ -26,6 +29,20 @@ def require_at_least(minimum: int, **values: int) -> None:
     for name, value in values.items():
         if value < minimum:
             raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def literal_values(hint: Any) -> tuple[Any, ...] | None:
+    """The allowed values of a ``Literal`` type, also of ``Literal[...] | None`` and of the
+    items of ``Sequence[Literal[...]]``; ``None`` for any other type."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType, collections.abc.Sequence, list, tuple):
+        for member in typing.get_args(hint):
+            values = literal_values(member)
+            if values is not None:
+                return values
+    return None
 
 
 def literal_choices(cls: type) -> dict[str, tuple[Any, ...]]:

@@ -27,14 +27,15 @@ Nothing here imports TensorFlow: anything iterable with ``.shape`` / ``.numpy()`
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 __all__ = ["RunMean", "Window", "alternating", "barrier_windows", "batch_len", "block",
-           "fed_run", "first_batch", "mean_std", "next_or_none", "pipeline_run", "timed_run",
-           "warm_up"]
+           "fed_run", "first_batch", "idle_fraction", "mean_std", "next_or_none",
+           "pipeline_run", "ratio", "timed_run", "warm_up"]
 
 
 def batch_len(batch: Any) -> int:
@@ -65,6 +66,21 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     if not values:
         return 0.0, 0.0
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def ratio(a: float, b: float) -> float:
+    """``a / b`` of two measured rates or times, NaN when ``b`` is not positive (no run, or a
+    rate of 0): a figure that cannot be computed reads as "not measured" (``null`` in JSON),
+    never as 0 or an exception."""
+    return a / b if b > 0 else math.nan
+
+
+def idle_fraction(fed_img_per_s: float, model_img_per_s: float) -> float:
+    """The share of a training step spent waiting for data: ``1 - fed / model`` (training
+    fed by a pipeline against the model alone on one constant batch), clipped to [0, 1];
+    NaN when the model's rate is not positive."""
+    return min(1.0, max(0.0, 1.0 - ratio(fed_img_per_s, model_img_per_s))) \
+        if model_img_per_s > 0 else math.nan
 
 
 class RunMean:

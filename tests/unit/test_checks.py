@@ -3,6 +3,8 @@ options (with the CLI's train options derived from them)."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from chexnet_utils.platform.checks import require_at_least
@@ -114,10 +116,42 @@ def test_a_sequence_option_is_a_comma_list():
     from collections.abc import Sequence
 
     from chexnet_utils import cli
+    from chexnet_utils.input.pipelines import Pipeline
 
     assert cli._option_type(Sequence[int])("1,2,4") == [1, 2, 4]
-    assert cli._option_type(Sequence[str] | None)("old,new") == ["old", "new"]
+    assert cli._option_type(Sequence[str] | None)("old, new") == ["old", "new"]
+    assert cli._option_type(Sequence[int])("") is None  # blank: the function's default
+    with pytest.raises(argparse.ArgumentTypeError, match="'fast' not one of 'new', 'old'"):
+        cli._option_type(Sequence[Pipeline])("old,fast")
     assert cli._shown((1, 2)) == "1,2" and cli._shown(1e9) == "1e+09"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench", "scaling", "--pipelines", "old,fast"], "--pipelines: 'fast' not one of"),
+    (["bench", "scaling", "--arch", "vgg16"], "--arch: invalid choice: 'vgg16'"),
+    (["bench", "gpu-node", "--gpus", "1,x"], "--gpus: invalid"),
+    (["bench", "service", "--mode", "split"], "--mode: invalid choice: 'split'"),
+])
+def test_bench_commands_refuse_values_their_types_would(argv, message, capsys):
+    from chexnet_utils import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["bench", "scaling", "--workers", ""],
+                                  ["bench", "gpu-node", "--gpus", ""],
+                                  ["bench", "link", "--launchers", ""]])
+def test_a_blank_list_option_means_the_default(argv):
+    from chexnet_utils import cli
+
+    args = cli.build_parser().parse_args(argv)
+    name, table = {"scaling": ("workers", cli.SCALING_OPTIONS),
+                   "gpu-node": ("gpus", cli.GPU_NODE_OPTIONS),
+                   "link": ("launchers", cli.LINK_OPTIONS)}[argv[1]]
+    assert getattr(args, name) is None
+    assert name not in cli.option_values(args, table)  # so the function's default applies
 
 
 @pytest.mark.parametrize("argv", [["--arch", "vgg16"], ["--pipeline", "fast"],

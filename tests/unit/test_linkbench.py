@@ -82,7 +82,8 @@ def _counts(ratio: float, local_size: int = 1, hierarchical: bool = False
     return linkbench.LinkCounts(count_bytes=16 * MIB, count_iters=2,
                                 tx_per_allreduce=ratio * expected,
                                 rx_per_allreduce=ratio * expected, sum_ok=True,
-                                local_size=local_size, hierarchical_env=hierarchical)
+                                local_size=local_size, hierarchical_env=hierarchical,
+                                slots=local_size)
 
 
 def _result(hierarchical: bool = True) -> linkbench.LinkResult:
@@ -150,12 +151,14 @@ def test_sweep_summary_and_counts_read_the_probe_wire() -> None:
     ranks = [{"rank": r, "count_bytes": 16 * MIB, "count_iters": 2, "local_size": 2,
               "tx_bytes": 2 * 24.5 * MIB, "rx_bytes": 2 * 24 * MIB, "sum_ok": True}
              for r in range(4)]
-    c = linkbench._counts(ranks, hierarchical=True)
+    c = linkbench._counts(ranks, slots=2, hierarchical=True)
     assert (c.tx_per_allreduce, c.rx_per_allreduce) == (24.5 * MIB, 24 * MIB)
     assert c.expected_flat == 24 * MIB              # 2 x 2 ranks, flat ring: 1.5 x 16 MiB
     assert c.expected_hierarchical == 16 * MIB
     assert c.ratio_to_flat == pytest.approx(24.5 / 24)
     assert c.sum_ok and c.hierarchical_env
+    # ranks placed otherwise than asked (2 per node reported, 1 asked): the ratio says so
+    assert linkbench._counts(ranks, slots=1).ratio_to_flat == pytest.approx(24.5 / 16)
     ranks[3]["sum_ok"] = False
     assert not linkbench._counts(ranks).sum_ok
 

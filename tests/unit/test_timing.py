@@ -18,8 +18,10 @@ from chexnet_utils.platform.timing import (
     block,
     fed_run,
     first_batch,
+    idle_fraction,
     mean_std,
     pipeline_run,
+    ratio,
     timed_run,
 )
 
@@ -65,6 +67,15 @@ def test_mean_std_and_run_mean() -> None:
     assert R().mean == 0.0
     assert R.mean.__doc__ == "the mean rate"
     assert asdict(R([1.0])) == {"rates": [1.0]}  # not a field
+
+
+def test_ratio_and_idle_fraction_read_nan_when_not_measured() -> None:
+    import math
+
+    assert ratio(3.0, 2.0) == 1.5 and math.isnan(ratio(3.0, 0.0))
+    assert idle_fraction(80.0, 200.0) == pytest.approx(0.6)
+    assert idle_fraction(250.0, 200.0) == 0.0  # fed faster than the model alone: noise
+    assert math.isnan(idle_fraction(80.0, 0.0))
 
 
 def test_alternating_order() -> None:

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from chexnet_utils.data.tfrecords.convert import convert_dataset
 from chexnet_utils.hardware.devices import usable_cores
+from chexnet_utils.platform.timing import mean_std, ratio
 
 __all__ = ["ConversionRuns", "ConversionThroughput", "bench_conversion", "decode_ms"]
 
@@ -23,18 +22,19 @@ class ConversionRuns:
 
     img_per_s: dict[int, list[float]]
     """Worker count -> images/s of each repeat (whole call), in the order the counts were
-    given (fewest first)."""
+    given (:func:`bench_conversion`'s default: 1, then one per core)."""
 
     @property
     def mean_img_per_s(self) -> dict[int, float]:
         """Worker count -> mean images/s over the repeats."""
-        return {w: float(np.mean(v)) for w, v in self.img_per_s.items()}
+        return {w: mean_std(v)[0] for w, v in self.img_per_s.items()}
 
     @property
     def speedup(self) -> float:
-        """Mean images/s with the last worker count over the first (N workers over 1)."""
+        """Mean images/s with the last worker count given over the first (N workers over 1
+        with the default counts)."""
         means = list(self.mean_img_per_s.values())
-        return means[-1] / means[0]
+        return ratio(means[-1], means[0])
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON layout: ``img_per_s``, ``mean_img_per_s``, ``speedup``."""
@@ -69,6 +69,8 @@ class ConversionThroughput:
                 "runs": {key: run.as_dict() for key, run in self.runs.items()}}
 
     def __str__(self) -> str:
+        """The table ``bench conversion`` prints: mean images/s per worker count and the
+        speed-up, one line per image size."""
         lines = [f"conversion of {self.n_images or '?'} images, {self.cores} cores, "
                  f"{self.repeats} repeats (images/s, whole call):"]
         for key, run in self.runs.items():
@@ -87,9 +89,9 @@ def bench_conversion(data_dir: Path | str, work_dir: Path | str,
     ``repeats`` times with each worker count, alternating the order (1, N, N, 1, ...) so slow
     phases of a noisy machine hit both equally; every run writes into a fresh folder under
     ``work_dir`` (removed afterwards). The whole call is timed (scan, pool start-up and
-    writing), since that is what a user waits for. Returns per-run images/s, the mean per
-    worker count, and ``speedup`` = mean(N workers) / mean(1 worker) per image size, keyed by
-    ``"original"`` or the size as text (``runs["320"]``).
+    writing), since that is what a user waits for. Returns a :class:`ConversionThroughput`:
+    per image size (``runs["original"]``, ``runs["320"]``) the images/s of every run per
+    worker count, their means and ``speedup`` = mean(N workers) / mean(1 worker).
     """
     import shutil
     import tempfile
@@ -115,8 +117,8 @@ def bench_conversion(data_dir: Path | str, work_dir: Path | str,
                 n_images = res.num_images
         runs[key] = ConversionRuns(rates)
     return ConversionThroughput(cores=cores, workers=counts, repeats=repeats,
-                            shard_size=shard_size, data_dir=str(data_dir), n_images=n_images,
-                            runs=runs)
+                                shard_size=shard_size, data_dir=str(data_dir),
+                                n_images=n_images, runs=runs)
 
 
 def decode_ms(tfrecords_dir: Path | str, image_size: int, n: int = 40,
