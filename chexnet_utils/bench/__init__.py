@@ -19,7 +19,9 @@ them all is :mod:`chexnet_utils.platform.timing`).
   (``bench gpu-node``; needs GPUs);
 - :mod:`~chexnet_utils.bench.link`: Horovod across two simulated nodes (network namespaces):
   link bytes, allreduce vs size, a shaped link vs the alpha-beta model (notebook 09,
-  ``bench link``; its probes run as ``python -m chexnet_utils.bench.link``).
+  ``bench link``);
+- :mod:`~chexnet_utils.bench.link_probes`: the programs ``bench link`` runs inside the two
+  namespaces (each rank's probe, the two ends of a TCP transfer).
 
 Importing the wing imports none of them (and no TensorFlow):
 ``from chexnet_utils.bench import benchmark``

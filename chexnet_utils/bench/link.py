@@ -28,34 +28,31 @@ ranks: the same bytes cross the link with the flag on and off (Gloo's flat ring:
 tensor; Open MPI's own choice for 4 ranks happens to send 1 x, what a hierarchical scheme
 would).
 
-``python -m chexnet_utils.bench.link probe|tcp-recv|tcp-send ...`` are the programs run
-inside the namespaces (not meant to be called by hand).
+The programs that run inside the namespaces (the probe of every rank, the two ends of the
+TCP transfer) are :mod:`chexnet_utils.bench.link_probes`; this module starts them and reads
+what they print.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from chexnet_utils.cluster.distributed import json_objects
-from chexnet_utils.cluster.netns import TwoNodes, tbf_command, two_nodes, unavailable_reason
+from chexnet_utils.cluster.netns import TwoNodes, two_nodes, unavailable_reason
 from chexnet_utils.comm.collectives import KIB, MIB, format_bytes, message_sizes
 from chexnet_utils.comm.costmodel import busbw, fit_alpha_beta, predict_ring
 from chexnet_utils.platform.markdown import markdown_table
 
-TCP_PORT = 5201
+PROBES = "chexnet_utils.bench.link_probes"
+"""The module whose programs run inside the namespaces (``python -m``)."""
 """Port of the raw TCP transfer (inside the private namespaces: no collision possible)."""
 
 LAUNCHERS: dict[str, tuple[str, dict[str, str]]] = {
@@ -484,149 +481,6 @@ class LinkResult:
 
 
 # ---------------------------------------------------------------------------------------
-# Programs run inside the namespaces
-# ---------------------------------------------------------------------------------------
-
-
-def _link_iface() -> str:
-    """The one non-loopback interface of this namespace."""
-    names = sorted(n for n in os.listdir("/sys/class/net") if n != "lo")
-    if len(names) != 1:
-        raise RuntimeError(f"expected one link interface, found {names}")
-    return names[0]
-
-
-def _read_counters(iface: str) -> tuple[int, int]:
-    base = Path("/sys/class/net") / iface / "statistics"
-    return (int((base / "tx_bytes").read_text()), int((base / "rx_bytes").read_text()))
-
-
-def _probe(args: argparse.Namespace) -> int:
-    """One rank: counters around ``count_iters`` allreduces, then a timed sweep."""
-    from chexnet_utils.comm.collectives import (
-        allreduce_times,
-        barrier,
-        init_horovod,
-        quiet_tensorflow,
-    )
-
-    quiet_tensorflow()
-    import tensorflow as tf
-
-    hvd = init_horovod()
-    iface = _link_iface()
-    out: dict[str, Any] = {"rank": hvd.rank(), "size": hvd.size(), "pid": os.getpid(),
-                           "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
-                           "mpi": bool(hvd.mpi_enabled()), "gloo": bool(hvd.gloo_enabled()),
-                           "iface": iface,
-                           "hierarchical_env": os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE",
-                                                              "")}
-    if args.count_bytes > 0:
-        x = tf.ones([args.count_bytes // 4], tf.float32)
-        hvd.allreduce(x, op=hvd.Sum, name="link_warm").numpy()  # connections, buffers
-        barrier(hvd)
-        tx0, rx0 = _read_counters(iface)
-        for i in range(args.count_iters):
-            y = hvd.allreduce(x, op=hvd.Sum, name=f"link_count_{i}").numpy()
-        barrier(hvd)
-        tx1, rx1 = _read_counters(iface)
-        out.update(count_bytes=args.count_bytes, count_iters=args.count_iters,
-                   tx_bytes=tx1 - tx0, rx_bytes=rx1 - rx0,
-                   sum_ok=bool(np.allclose(y[:16], hvd.size())))
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    if sizes:
-        out["sweep"] = allreduce_times(sizes, repeats=args.repeats, warmup=1)
-    if sizes and args.shape_rate > 0:
-        # Shape the link from inside (one rank per node shapes its own veth end), sweep
-        # again, unshape: one launch measures both links.
-        shaper = hvd.local_rank() == 0
-        barrier(hvd)
-        if shaper:
-            subprocess.run(tbf_command(iface, args.shape_rate), check=True,
-                           capture_output=True)
-        barrier(hvd)
-        try:
-            out["shaped_sweep"] = allreduce_times(sizes, repeats=args.repeats, warmup=1)
-        finally:
-            barrier(hvd)
-            if shaper:
-                subprocess.run(["tc", "qdisc", "del", "dev", iface, "root"],
-                               capture_output=True)
-    # One line from rank 0 with every rank's result: long lines of several ranks may be
-    # interleaved by the launcher's output forwarding, and then only fragments would parse.
-    everyone = hvd.allgather_object(out)
-    if hvd.rank() == 0:
-        print(json.dumps({"probe_ranks": everyone}), flush=True)
-    return 0
-
-
-def _tcp_recv(args: argparse.Namespace) -> int:
-    """Accept one connection, read ``bytes``; print the bytes received after the first
-    read and the time they took (the clock starts when the first data arrives, so the
-    bytes of that first read are not counted: they arrived before the clock started)."""
-    with socket.create_server((args.host, args.port)) as srv:
-        srv.settimeout(60)
-        conn, _ = srv.accept()
-        with conn:
-            buf = bytearray(4 * MIB)
-            view = memoryview(buf)
-            first = got = conn.recv_into(view)
-            t0 = time.perf_counter()
-            while got < args.bytes:
-                n = conn.recv_into(view)
-                if n == 0:
-                    break
-                got += n
-            dt = time.perf_counter() - t0
-    print(json.dumps({"bytes": got - first, "seconds": dt, "total_bytes": got}), flush=True)
-    return 0
-
-
-def _tcp_send(args: argparse.Namespace) -> int:
-    """Connect (retrying while the receiver starts) and send ``bytes``."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            sock = socket.create_connection((args.host, args.port), timeout=30)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    chunk = memoryview(bytes(4 * MIB))
-    with sock:
-        left = args.bytes
-        while left > 0:
-            n = min(left, len(chunk))
-            sock.sendall(chunk[:n])
-            left -= n
-        sock.shutdown(socket.SHUT_WR)
-        sock.recv(1)  # the receiver closes when it has everything
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``probe`` / ``tcp-recv`` / ``tcp-send``: the programs of this module's launchers."""
-    p = argparse.ArgumentParser(prog="python -m chexnet_utils.bench.link")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    pr = sub.add_parser("probe")
-    pr.add_argument("--sizes", default="")
-    pr.add_argument("--repeats", type=int, default=3)
-    pr.add_argument("--count-bytes", type=int, default=0)
-    pr.add_argument("--count-iters", type=int, default=1)
-    pr.add_argument("--shape-rate", type=float, default=0.0)
-    pr.set_defaults(fn=_probe)
-    for name, fn in (("tcp-recv", _tcp_recv), ("tcp-send", _tcp_send)):
-        t = sub.add_parser(name)
-        t.add_argument("--host", required=True)
-        t.add_argument("--port", type=int, default=TCP_PORT)
-        t.add_argument("--bytes", type=int, required=True)
-        t.set_defaults(fn=fn)
-    args = p.parse_args(argv)
-    return int(args.fn(args))
-
-
-# ---------------------------------------------------------------------------------------
 # Driver side
 # ---------------------------------------------------------------------------------------
 
@@ -647,7 +501,7 @@ def run_probe(nodes: TwoNodes, launcher: str = "mpirun", sizes: Sequence[int] = 
     the launch agent; ``"gloo"``: ``horovodrun --gloo``). ``env`` is set for the launcher and
     forwarded to the ranks.
     """
-    argv = ["python", "-m", "chexnet_utils.bench.link", "probe",
+    argv = ["python", "-m", PROBES, "probe",
             "--sizes", ",".join(str(int(s)) for s in sizes), "--repeats", str(repeats),
             "--count-bytes", str(int(count_bytes)), "--count-iters", str(count_iters),
             "--shape-rate", str(float(shape_rate))]
@@ -679,7 +533,7 @@ def tcp_throughput(nodes: TwoNodes, nbytes: int = 256 * MIB, timeout: float = 12
     clock starts). Both ends are plain Python (a 4 MiB buffer each way), the same
     interpreter that runs the ranks.
     """
-    prog = [sys.executable, "-m", "chexnet_utils.bench.link"]
+    prog = [sys.executable, "-m", PROBES]
     recv = subprocess.Popen(nodes.exec_argv(1, [*prog, "tcp-recv", "--host", nodes.ips[1],
                                                 "--bytes", str(nbytes)]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -838,6 +692,3 @@ def link_unavailable() -> str | None:
     :func:`chexnet_utils.cluster.netns.unavailable_reason`)."""
     return unavailable_reason()
 
-
-if __name__ == "__main__":
-    sys.exit(main())
