@@ -7,6 +7,7 @@ scripts."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -181,7 +182,15 @@ def test_validation_metrics_are_averaged_across_ranks(cluster, hvd_tfrecords):
 def test_validation_driven_learning_rate_stays_identical_on_every_rank(cluster, hvd_tfrecords,
                                                                        tmp_path):
     """Patience 0 cuts the learning rate whenever the (averaged) val loss does not improve;
-    every rank must take the same decision and end with the same weights."""
+    every rank must take the same decision and end with the same weights.
+
+    The decisions are replayed from the val losses rank 0 logged (the averaged ones every
+    rank's plateau saw): Keras' ``ReduceLROnPlateau`` cuts tenfold at an epoch end unless the
+    loss beat the best by more than ``min_delta`` (1e-4). Whether 6 short epochs cut at all
+    depends on the run (about 1 run in 10 improves every epoch), so the test checks the
+    decisions taken, not that one was a cut."""
+    import csv
+
     from chexnet_utils.training import train_on_engine
 
     cfg = dict(tfrecords=str(hvd_tfrecords), out_dir=str(tmp_path / "run"), arch="small",
@@ -195,8 +204,16 @@ def test_validation_driven_learning_rate_stays_identical_on_every_rank(cluster, 
     lrs = {r["lr"] for r in ranks}
     assert len(lrs) == 1, f"learning rates differ across ranks: {ranks}"
     assert len({r["trainable_sha256"] for r in ranks}) == 1 and metrics["ranks_identical"]
-    start_lr = 0.02 * 2  # linear scaling (the default) on 2 workers
-    assert lrs.pop() < start_lr * 0.5, "the plateau never cut the learning rate"
+    with open(tmp_path / "run" / "log.csv", newline="") as f:
+        val_losses = [float(row["val_loss"]) for row in csv.DictReader(f)]
+    assert len(val_losses) == 6
+    lr, best = 0.02 * 2, math.inf  # linear scaling (the default) on 2 workers
+    for loss in val_losses:  # the first epoch (warm-up) always improves on inf
+        if loss < best - 1e-4:
+            best = loss
+        else:
+            lr = max(lr * 0.1, 1e-6)  # plateau_factor, min_lr
+    assert lrs.pop() == pytest.approx(lr, rel=1e-5), (val_losses, ranks)
     assert results[0]["weights_checksum"] == results[1]["weights_checksum"]
 
 
