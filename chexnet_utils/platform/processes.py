@@ -425,7 +425,7 @@ def watchdog_main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, timeout=30)
-    stop_marked(token, exclude=(parent,), log=died)
+    stopped = stop_marked(token, exclude=(parent,), log=died)
     if died:  # what the parent's own clean-up would have removed
         import shutil
 
@@ -435,7 +435,11 @@ def watchdog_main(argv: list[str] | None = None) -> int:
             else:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
-        remove_orphan_shm_segments(since=started)  # of the ranks just killed
+    if died or stopped:  # Open MPI segments of ranks killed here: after the parent's own
+        # clean-up (released) or instead of it (died), once those ranks have exited (one
+        # killed on a loaded machine may take seconds to let go of its memory)
+        wait_pids_gone(stopped, timeout=10)
+        remove_orphan_shm_segments(since=started)
     return 0
 
 
@@ -443,8 +447,8 @@ def start_watchdog(parent: int, token: str) -> subprocess.Popen[bytes] | None:
     """Start a watchdog (:func:`watchdog_main`) for ``parent``: when ``parent`` dies, or when
     :func:`release_watchdog` is called, it stops every process carrying ``token`` (and, if
     ``parent`` died, first runs the commands given by :func:`watchdog_on_death`, and after
-    the stop removes the paths given by :func:`watchdog_remove_on_death` and the Open MPI
-    shared-memory segments its killed ranks left). In its own
+    the stop removes the paths given by :func:`watchdog_remove_on_death`); whenever it had
+    processes to stop, it then removes the Open MPI shared-memory segments they left. In its own
     session, so a signal to ``parent``'s process group does not reach it. ``None`` where
     there is no ``/proc`` (the token cannot be read there)."""
     if not os.path.isdir("/proc"):
@@ -622,9 +626,6 @@ def exit_status(exc: KeyboardInterrupt) -> int:
     return EXIT_SIGINT
 
 
-if __name__ == "__main__":
-    raise SystemExit(watchdog_main())
-
 
 def _paths_in_use() -> set[str]:
     """Every file some process has open or mapped (``/proc/*/fd`` and ``/proc/*/maps``;
@@ -688,3 +689,7 @@ def remove_orphan_shm_segments(since: float = 0.0, prefix: str = "vader_segment.
             os.unlink(path)
             removed.append(path)
     return removed
+
+
+if __name__ == "__main__":  # last: the watchdog uses everything above (the shm clean-up too)
+    raise SystemExit(watchdog_main())

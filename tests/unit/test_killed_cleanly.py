@@ -6,6 +6,7 @@ ready. Every command killed for real is in tests/mpi/test_killed_cleanly.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -254,6 +255,64 @@ def test_watchdog_runs_its_on_death_commands_only_when_the_parent_dies(tmp_path,
             parent.kill()
     assert not P.watchdog_on_death(None, ["true"])
     assert not P.watchdog_remove_on_death(None, str(folder))
+
+
+def test_a_released_watchdog_removes_the_segments_of_the_ranks_it_had_to_stop():
+    """A rank that outlived its cluster's own clean-up (which removed the orphaned Open MPI
+    segments before it) is stopped when the watchdog is released, and its segment, now
+    mapped by nobody, is removed then too: before, only a parent's death did that, and such
+    pairs of 4 MiB segments stayed in /dev/shm."""
+    import secrets
+    import time
+
+    token = f"tok-shm-{secrets.token_hex(4)}"
+    segment = f"/dev/shm/vader_segment.chexnet-test.{os.getpid()}.{token}"
+    code = ("import mmap, os, sys, time\n"
+            f"fd = os.open({segment!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+            "os.ftruncate(fd, 4096)\n"
+            "m = mmap.mmap(fd, 4096)\n"
+            "os.close(fd)\n"
+            "print('mapped', flush=True)\n"
+            "time.sleep(120)\n")
+    watchdog = P.start_watchdog(os.getpid(), token)
+    time.sleep(1.0)  # it counts segments from its own start on: a cluster's ranks come later
+    rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, P.LIFELINE_ENV: token})
+    try:
+        assert rank.stdout.readline().strip() == "mapped"
+        assert segment not in P.orphan_shm_segments()  # mapped: in use, not an orphan
+        t0 = time.monotonic()
+        P.release_watchdog(watchdog)
+        assert rank.wait(timeout=10) == -signal.SIGTERM  # stopped by the watchdog
+        assert not os.path.exists(segment), "the stopped rank's segment was left behind"
+        assert time.monotonic() - t0 < 10
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(segment)
+
+
+def test_a_modules_main_block_comes_last():
+    """``python -m chexnet_utils.platform.processes`` (the watchdog) ran its ``__main__`` block
+    before the module's last functions were defined, so its shared-memory clean-up failed
+    with a NameError, unseen, in every watchdog: a module run as a program defines everything
+    first."""
+    import ast
+    from pathlib import Path
+
+    import chexnet_utils
+
+    late = []
+    for path in Path(chexnet_utils.__file__).parent.rglob("*.py"):
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        for i, node in enumerate(body):
+            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and any(
+                    isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                    for n in body[i + 1:]):
+                late.append(str(path))
+    assert late == []
 
 
 # ---- the test session itself (security review finding 11) -----------------------------------
