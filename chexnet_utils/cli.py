@@ -252,8 +252,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
     from chexnet_utils.bench.benchmark import bench_pipelines
 
-    result = bench_pipelines(log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
-                             **option_values(args, PIPELINES_OPTIONS))
+    result = bench_pipelines(log=_progress, **option_values(args, PIPELINES_OPTIONS))
     print(result)
     _write_json(args.json, result)
     return 0
@@ -262,16 +261,27 @@ def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
 def _cmd_bench_service(args: argparse.Namespace) -> int:
     from chexnet_utils.bench.service import bench_service
     from chexnet_utils.config import scale
-    from chexnet_utils.data.prepare import prepare_tfrecords
 
-    tfr = args.tfrecords or prepare_tfrecords(None, progress=False)
-    result = bench_service(
-        tfr, image_size=args.image_size or scale().image_size,
-        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
-        **option_values(args, SERVICE_OPTIONS))
+    result = bench_service(_full_size_tfrecords(args.tfrecords),
+                           image_size=args.image_size or scale().image_size, log=_progress,
+                           **option_values(args, SERVICE_OPTIONS))
     print(result)
     _write_json(args.json, result)
     return 0
+
+
+def _progress(msg: str) -> None:
+    """A benchmark's progress line (``log=``): on stderr, so stdout keeps only the table."""
+    print(f"... {msg}", file=sys.stderr, flush=True)
+
+
+def _full_size_tfrecords(path: Path | None) -> Path:
+    """``--tfrecords``, or the full-size shards of the scale's data set (made if missing)."""
+    if path is not None:
+        return path
+    from chexnet_utils.data.prepare import prepare_tfrecords
+
+    return prepare_tfrecords(image_size=None, progress=False)
 
 
 def _write_json(path: Path | None, result: object) -> None:
@@ -324,14 +334,8 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
 def _cmd_bench_scaling(args: argparse.Namespace) -> int:
     from chexnet_utils.bench.scaling import bench_scaling
 
-    tfr = args.tfrecords
-    if tfr is None:
-        from chexnet_utils.data.prepare import prepare_tfrecords
-
-        tfr = prepare_tfrecords(image_size=None, progress=False)
-    result = bench_scaling(tfr, env=_env_pairs(args.env),
-                           log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
-                           **option_values(args, SCALING_OPTIONS))
+    result = bench_scaling(_full_size_tfrecords(args.tfrecords), env=_env_pairs(args.env),
+                           log=_progress, **option_values(args, SCALING_OPTIONS))
     print(result)
     _write_json(args.json, result)
     return 0
@@ -347,15 +351,10 @@ def _cmd_bench_gpu_node(args: argparse.Namespace) -> int:
     if plan.device != "GPU":
         print(no_gpu_message(), file=sys.stderr)
         return 3
-    tfr = args.tfrecords
-    if tfr is None:
-        from chexnet_utils.data.prepare import prepare_tfrecords
-
-        tfr = prepare_tfrecords(image_size=None, progress=False)
     result = bench_gpu_node(
-        tfr, mixed_precision=parse_switch(args.mixed_precision, "--mixed-precision"),
-        xla=parse_switch(args.xla, "--xla"), visible=visible,
-        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+        _full_size_tfrecords(args.tfrecords),
+        mixed_precision=parse_switch(args.mixed_precision, "--mixed-precision"),
+        xla=parse_switch(args.xla, "--xla"), visible=visible, log=_progress,
         **option_values(args, GPU_NODE_OPTIONS))
     print(result)
     _write_json(args.json, result)
@@ -371,8 +370,7 @@ def _cmd_bench_link(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 3
     result = bench_link("quick" if args.quick else "full", rate_bit=args.rate_gbit * 1e9,
-                        hierarchical=not args.no_hierarchical,
-                        log=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+                        hierarchical=not args.no_hierarchical, log=_progress,
                         **option_values(args, LINK_OPTIONS))
     print(result)
     _write_json(args.json, result)

@@ -36,7 +36,7 @@ from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.comm.collectives import barrier
 from chexnet_utils.input.pipelines import Pipeline
 from chexnet_utils.model.architectures import Architecture
-from chexnet_utils.platform.timing import barrier_windows
+from chexnet_utils.platform.timing import barrier_windows, mean_std
 
 if TYPE_CHECKING:
     from chexnet_utils.cluster.distributed import MPICluster
@@ -170,7 +170,7 @@ class ScalingBlock:
     @property
     def img_per_s(self) -> dict[str, dict[int, float]]:
         """Mean images/s over the repeats: ``img_per_s[pipeline][workers]``."""
-        return {p: {n: sum(v) / len(v) for n, v in per_n.items()}
+        return {p: {n: mean_std(v)[0] for n, v in per_n.items()}
                 for p, per_n in self.runs.items()}
 
     @property

@@ -34,7 +34,7 @@ from chexnet_utils.input.tfdata_service import (
 )
 from chexnet_utils.model.architectures import Architecture
 from chexnet_utils.platform.processes import set_parent_death_signal
-from chexnet_utils.platform.timing import RunMean, ratio
+from chexnet_utils.platform.timing import RunMean, batch_len, block, ratio
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -186,8 +186,6 @@ class ServiceResult:
 
 def _timed_steps(step: Any, it: Iterator[Any], n_steps: int, warmup: int) -> float:
     """Training images/s over ``n_steps`` steps pulled from ``it`` after ``warmup`` steps."""
-    from chexnet_utils.platform.timing import batch_len, block
-
     for _ in range(warmup):
         block(step(next_within(it, 120)))
     images = 0
