@@ -18,7 +18,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
 export MPLBACKEND ?= Agg
 
-.PHONY: help setup lint test unit tf mpi notebooks tutorial lab browser-check data bench bench-cluster bench-preset fresh-check nonroot-check gpu-build-check lock python-matrix clean distclean
+.PHONY: help setup lint test unit tf mpi notebooks tutorial lab browser-check data bench bench-cluster bench-preset fresh-check nonroot-check gpu-build-check gpu-smoke lock python-matrix clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
@@ -34,6 +34,7 @@ help:
 	@echo "make fresh-check  (root) make setup + notebook 00 in a bare Debian chroot, then removed (SUITE=bookworm|trixie)"
 	@echo "make nonroot-check  (root) unit tests, notebook 00 and an engine cluster as a new normal user beside another account"
 	@echo "make gpu-build-check  the GPU stack (CUDA TensorFlow, Horovod + NCCL) built in .venv-gpu and checked, no GPU needed"
+	@echo "make gpu-smoke  on a GPU node: notebook 03 to section 4, the minimal script on every GPU, bench gpu-node quick (CPU=1: the CPU stand-in)"
 	@echo "make setup GPU=1  the GPU build in .venv (automatic where nvidia-smi -L lists GPUs)"
 	@echo "make setup PYTHON=python3.12  the venv made with that Python (3.10-3.13; default: the newest on PATH)"
 	@echo "make lock       rewrite requirements/lock/ (hash-locked pins) for every supported Python"
@@ -200,6 +201,14 @@ nonroot-check: setup
 # what is missing (scripts/gpu_build_check.sh). CI runs it after make test.
 gpu-build-check:
 	@bash scripts/gpu_build_check.sh
+
+# Proves a real GPU node in minutes with the defaults a learner gets (mixed precision, XLA
+# where it can compile, the device feed): notebook 03 up to section 4, the minimal script
+# under horovodrun on every GPU with the ranks compared, bench gpu-node quick; one table, exit
+# 1 on a failure, 2 without a GPU. CPU=1: the same on this CPU with the switches forced on
+# (make test runs it: tests/mpi/test_gpu_smoke.py). docs/gpu.md lists what it proves.
+gpu-smoke: setup
+	"$(PY)" -m chexnet_utils.notebook.gpu_smoke $(if $(filter 1,$(CPU)),--cpu)
 
 clean:
 	rm -rf "$(BUILD)" .pytest_cache

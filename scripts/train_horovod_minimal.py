@@ -3,7 +3,9 @@
     horovodrun -np 2 python scripts/train_horovod_minimal.py --epochs 1
     mpirun -np 2 python scripts/train_horovod_minimal.py --epochs 1
 The six changes to a one-worker Keras script are marked CHANGE 1..6, numbered in the order
-of Horovod's docs (4 comes first in the file: it lives in the model's train_step).
+of Horovod's docs (4 comes first in the file: it lives in the model's train_step). On a GPU
+it also trains as a GPU node should (GPU, below): mixed precision, batches prefetched to the
+GPU, and XLA only where it can compile Horovod's allreduce.
 """
 import argparse
 import hashlib
@@ -15,7 +17,8 @@ import tensorflow as tf
 
 from chexnet_utils.config import scale
 from chexnet_utils.data.tfrecords import list_shards
-from chexnet_utils.input.pipelines import new_approach
+from chexnet_utils.input.pipelines import accelerator_device, new_approach, to_accelerator
+from chexnet_utils.model.accelerator import describe, resolve_switches
 from chexnet_utils.model.models import WeightedBCE, build_chexnet
 from chexnet_utils.training import training_label_sums
 
@@ -38,14 +41,24 @@ if gpus:
         tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
     except RuntimeError:  # TensorFlow already started here (e.g. a notebook's engine): pinned
         pass
+# GPU: mixed precision and the device feed on with a GPU (CHEXNET_MIXED_PRECISION,
+# CHEXNET_DEVICE_FEED); XLA decided here, not by Keras' jit_compile="auto" (on with any GPU):
+# XLA compiles Horovod's allreduce only on a GPU with HOROVOD_ENABLE_XLA_OPS=1 (Horovod
+# docs/xla.rst), elsewhere the step fails to compile, so it stays off there.
+switches = resolve_switches(distributed=True)
+keras.config.set_dtype_policy(switches.policy)  # mixed_float16: float16 maths, float32 weights
 
 if args.tfrecords is None:  # rank 0 converts the data once; the broadcast is the barrier
     from chexnet_utils.data.prepare import prepare_tfrecords
-    made = str(prepare_tfrecords(args.image_size, progress=False)) if hvd.rank() == 0 else None
+    # workers=1: in this process; a process pool spawns children that re-run this unguarded
+    # script, hvd.init() included (MPI_Init fails in them). Big data sets: convert beforehand.
+    made = (str(prepare_tfrecords(args.image_size, workers=1, progress=False))
+            if hvd.rank() == 0 else None)
     args.tfrecords = hvd.broadcast_object(made, root_rank=0)
 label_sums, n_train = training_label_sums(args.tfrecords)
 train = new_approach(list_shards(args.tfrecords, "train"), args.batch_size, args.image_size,
                      training=True, num_workers=hvd.size(), worker_index=hvd.rank())
+train = to_accelerator(train, accelerator_device(switches.device_feed))  # GPU: copied ahead
 steps = max(1, n_train // (args.batch_size * hvd.size()))  # an epoch = the data set once
 
 
@@ -57,9 +70,12 @@ class HorovodModel(keras.Model):
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+            # GPU: mixed precision's LossScaleOptimizer divides the gradients by the loss
+            # scale, so scale the loss first, as Keras' own train_step does (x1 in float32)
+            scaled = self.optimizer.scale_loss(loss)
         tape = hvd.DistributedGradientTape(tape)                     # CHANGE 4: average
         # Keras 3 variables wrap a tf.Variable (.value); Horovod needs the tf.Variable.
-        grads = tape.gradient(loss, [v.value for v in self.trainable_variables])
+        grads = tape.gradient(scaled, [v.value for v in self.trainable_variables])
         self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
         for metric in self.metrics:
             if metric.name == "loss":
@@ -75,11 +91,11 @@ model = HorovodModel(base.inputs, base.outputs)
 # with a warm-up; Goyal et al. 2017 sec. 2.2). sqrt(N) (Malladi et al. 2022) is an option.
 lr = keras.optimizers.schedules.PolynomialDecay(  # power 1 from lr to lr * N: a linear ramp
     args.lr, steps, end_learning_rate=args.lr * hvd.size(), power=1.0)
-optimizer = keras.optimizers.Adam(lr)
-model.compile(optimizer=optimizer, loss=WeightedBCE.from_label_sums(label_sums, n_train))
-optimizer.build(model.trainable_variables)
-hvd.broadcast_variables([v.value for v in model.variables + optimizer.variables],  # CHANGE 5
-                        root_rank=0)
+model.compile(optimizer=keras.optimizers.Adam(lr),  # mixed: wrapped in a LossScaleOptimizer
+              loss=WeightedBCE.from_label_sums(label_sums, n_train), jit_compile=switches.xla)
+model.optimizer.build(model.trainable_variables)
+hvd.broadcast_variables([v.value for v in model.variables + model.optimizer.variables],
+                        root_rank=0)                                 # CHANGE 5
 
 callbacks = []
 if hvd.rank() == 0:                                                  # CHANGE 6: rank 0 writes
@@ -94,4 +110,5 @@ digest = hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in model.trainabl
 digests = hvd.allgather_object(digest.hexdigest())
 if hvd.rank() == 0:
     print(f"{hvd.size()} workers, {steps} steps/epoch of {args.batch_size} images each; "
-          f"weights {digests[0][:12]}; ranks identical: {len(set(digests)) == 1}")
+          f"{describe(switches)}")
+    print(f"weights {digests[0][:12]}; ranks identical: {len(set(digests)) == 1}")

@@ -130,7 +130,7 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
                         c.image_size, training=True, num_workers=size, worker_index=rank,
                         seed=c.seed, **shuffle)
     if c.pipeline == "new":
-        ds = to_accelerator(ds, accelerator_device())
+        ds = to_accelerator(ds, accelerator_device(sw.device_feed))
     it = iter(ds)
     import horovod.tensorflow as hvd
 
@@ -139,7 +139,8 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
                                      warmup_steps=c.warmup_steps)[0]
     return {"rank": rank, "size": size, "seconds": seconds,
             "img_per_s": c.steps * c.batch_size * size / seconds, "pipeline": c.pipeline,
-            "mixed_precision": sw.mixed_precision, "xla": sw.xla, "why": sw.why,
+            "mixed_precision": sw.mixed_precision, "xla": sw.xla,
+            "device_feed": sw.device_feed, "why": sw.why,
             "window": [wall0, wall0 + seconds]}
 
 

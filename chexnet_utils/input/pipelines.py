@@ -414,15 +414,20 @@ def build_pipeline(approach: Pipeline, files: Files, batch_size: int, image_size
 # The last stage on a GPU: batches copied to the device ahead of time
 # --------------------------------------------------------------------------------------------
 
-def accelerator_device(gpus: Sequence[Any] | None = None) -> str | None:
-    """Where :func:`to_accelerator` sends batches: ``"/gpu:0"`` when this process sees a GPU
-    (after pinning by local rank it sees exactly one, as GPU 0), ``None`` on a CPU-only
-    process. ``gpus`` defaults to TensorFlow's visible GPUs (tests pass a fake list)."""
+def accelerator_device(device_feed: bool, gpus: Sequence[Any] | None = None) -> str | None:
+    """Where :func:`to_accelerator` sends batches: ``None`` with the device feed off
+    (:attr:`~chexnet_utils.model.accelerator.Switches.device_feed`), ``"/gpu:0"`` when this
+    process sees a GPU (after pinning by local rank it sees exactly one, as GPU 0), and
+    ``"/cpu:0"`` when the feed is forced on without a GPU (``CHEXNET_DEVICE_FEED=on``: the same
+    ``prefetch_to_device`` stage, exercised on a CPU). ``gpus`` defaults to TensorFlow's
+    visible GPUs (tests pass a fake list)."""
+    if not device_feed:
+        return None
     if gpus is None:
         from chexnet_utils.model.accelerator import process_gpus
 
         gpus = process_gpus()
-    return "/gpu:0" if len(gpus) > 0 else None
+    return "/gpu:0" if len(gpus) > 0 else "/cpu:0"
 
 
 def to_accelerator(ds: tf.data.Dataset, device: str | None,
@@ -433,8 +438,8 @@ def to_accelerator(ds: tf.data.Dataset, device: str | None,
     copies the next ``buffer_size`` batches into GPU memory while the GPU trains on the
     current one, so the host-to-device copy (over PCIe, about 19 MB per batch of 32 images
     of 224 px in float32) leaves the step's critical path. It must be the last
-    transformation. ``device=None`` (no GPU, see :func:`accelerator_device`) returns ``ds``
-    unchanged: on a CPU the batches already are where the model runs.
+    transformation. ``device=None`` (the feed off, see :func:`accelerator_device`) returns
+    ``ds`` unchanged: on a CPU the batches already are where the model runs.
     """
     if device is None:
         return ds

@@ -1,4 +1,5 @@
-"""GPU speed switches: mixed precision and XLA, on by default where the process has a GPU.
+"""GPU speed switches: mixed precision, XLA and the device feed, on by default where the
+process has a GPU.
 
 Mixed precision (``mixed_float16``)
     Layers compute in float16 and keep their weights in float32. A V100's tensor cores
@@ -9,19 +10,38 @@ Mixed precision (``mixed_float16``)
     and the **last layer runs in float32**: float16 has 11 significant bits, so a float16
     sigmoid rounds every probability above about 0.9998 to exactly 1 (and spaces the ones
     below by 0.0005), and the log in the cross-entropy loses the confident mistakes it
-    should punish hardest. :func:`build_model` keeps
-    the ``Dense(14, sigmoid)`` head in float32. On a CPU float16 is slower, not faster: off.
+    should punish hardest. :func:`~chexnet_utils.model.models.build_chexnet`
+    keeps the ``Dense(14, sigmoid)`` head in float32. On a CPU float16 is slower, not faster: off.
 XLA (``jit_compile=True``)
     Compiles the whole training step into fused GPU kernels (fewer launches, fewer round trips
     through memory). On a CPU-only machine Keras' own ``"auto"`` leaves it off, and so do we.
-    Under Horovod the step contains ``hvd.allreduce`` ops, which XLA can only compile when
-    Horovod registered its XLA ops (``HOROVOD_ENABLE_XLA_OPS=1`` in the workers'
-    environment); without that variable XLA stays off for distributed training.
+    Under Horovod the step contains ``HorovodAllreduce`` ops, which XLA compiles only where
+    Horovod registered its XLA lowering: GPU builds, on the GPU, with
+    ``HOROVOD_ENABLE_XLA_OPS=1`` set before Horovod loads (Horovod v0.28.1 ``docs/xla.rst``,
+    ``horovod/tensorflow/xla_mpi_ops.cc``; horovod/horovod#2590). Anywhere else the compile
+    fails on every rank ("Detected unsupported operations when trying to compile graph
+    DistributedGradientTape_Allreduce... HorovodAllreduce", measured on this CPU build with
+    and without the variable), so under Horovod XLA is **off on purpose** unless both hold,
+    even when asked for, and ``why`` says so.
+Device feed (``prefetch_to_device``)
+    The pipeline's last stage copies the next batches into GPU memory while the GPU trains
+    (:func:`chexnet_utils.input.pipelines.to_accelerator`). Forced on without a GPU it
+    prefetches to ``/cpu:0``: the same ``tf.data`` stage, so a CPU run exercises the code a
+    GPU node runs.
 
 Each switch is decided once per process by :func:`resolve_switches`, in this order: the
 function argument (``True`` / ``False``; ``None`` = no opinion), the environment variable
-(``CHEXNET_MIXED_PRECISION``, ``CHEXNET_XLA``: ``1``/``on``, ``0``/``off``, ``auto``), then
-the default (on with a GPU, off without).
+(``CHEXNET_MIXED_PRECISION``, ``CHEXNET_XLA``, ``CHEXNET_DEVICE_FEED``: ``1``/``on``,
+``0``/``off``, ``auto``), then the default (on with a GPU, off without). Forcing all three
+on a CPU runs what a GPU node runs (``make gpu-smoke CPU=1``; docs/gpu.md).
+
+A hand-written ``train_step`` must do what Keras' own does under mixed precision: multiply
+the loss by ``optimizer.scale_loss`` inside the tape and differentiate the scaled loss, because
+the ``LossScaleOptimizer`` that ``compile`` puts around a ``mixed_float16`` model's optimizer
+divides every gradient by the loss scale (2**15 at first) before the update (Keras 3.15
+``keras/src/backend/tensorflow/trainer.py`` ``train_step``;
+``keras/src/optimizers/loss_scale_optimizer.py``). Without it the steps are 2**15 times too
+small with SGD. On a plain optimizer ``scale_loss`` returns the loss unchanged.
 
 Op determinism, the switch the other way (speed traded for bit-identical results), is
 TensorFlow's own ``tf.config.experimental.enable_op_determinism()``; TensorFlow exports no
@@ -42,6 +62,8 @@ if TYPE_CHECKING:
 
 ENV_MIXED_PRECISION = "CHEXNET_MIXED_PRECISION"
 ENV_XLA = "CHEXNET_XLA"
+ENV_DEVICE_FEED = "CHEXNET_DEVICE_FEED"
+ENV_HOROVOD_XLA_OPS = "HOROVOD_ENABLE_XLA_OPS"
 MIXED_POLICY = "mixed_float16"
 
 _ON = ("1", "on", "true", "yes")
@@ -76,6 +98,8 @@ class Switches:
 
     mixed_precision: bool
     xla: bool
+    device_feed: bool = False
+    """Batches prefetched to the device (``/gpu:0``; ``/cpu:0`` when forced on without a GPU)."""
     why: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -85,13 +109,14 @@ class Switches:
 
 
 def resolve_switches(mixed_precision: bool | str | None = None, xla: bool | str | None = None,
-                     *, has_gpu: bool | None = None, distributed: bool = False,
+                     device_feed: bool | str | None = None, *, has_gpu: bool | None = None,
+                     distributed: bool = False,
                      env: Mapping[str, str] | None = None) -> Switches:
-    """Decide mixed precision and XLA for this process (see the module docstring).
+    """Decide mixed precision, XLA and the device feed for this process (module docstring).
 
     ``has_gpu`` defaults to whether TensorFlow sees a GPU here (:func:`process_gpus`);
-    ``distributed``: the training step contains Horovod allreduces (XLA then also needs
-    ``HOROVOD_ENABLE_XLA_OPS=1`` by default). An explicit on always wins.
+    ``distributed``: the training step contains Horovod allreduces, so XLA is on only where
+    it can compile them (:func:`horovod_xla_blocker`), whatever was asked.
     """
     env = os.environ if env is None else env
     if has_gpu is None:
@@ -99,8 +124,8 @@ def resolve_switches(mixed_precision: bool | str | None = None, xla: bool | str 
     device = "a GPU" if has_gpu else "no GPU"
     why: dict[str, str] = {}
 
-    def explicit(name: str, value: bool | str | None, env_name: str) -> bool | None:
-        """The caller's value, else the environment's, with the reason in ``why``."""
+    def decide(name: str, value: bool | str | None, env_name: str) -> bool:
+        """The caller's value, else the environment's, else on with a GPU; reason in ``why``."""
         chosen = parse_switch(value, name)
         if chosen is not None:
             why[name] = "set by the caller"
@@ -108,22 +133,34 @@ def resolve_switches(mixed_precision: bool | str | None = None, xla: bool | str 
         chosen = parse_switch(env.get(env_name), env_name)
         if chosen is not None:
             why[name] = f"{env_name}={env[env_name]}"
-        return chosen
+            return chosen
+        why[name] = f"default with {device}"
+        return has_gpu
 
-    mp = explicit("mixed_precision", mixed_precision, ENV_MIXED_PRECISION)
-    if mp is None:
-        mp = has_gpu
-        why["mixed_precision"] = f"default with {device}"
-    jit = explicit("xla", xla, ENV_XLA)
-    if jit is None:
-        if has_gpu and distributed and env.get("HOROVOD_ENABLE_XLA_OPS") != "1":
-            jit = False
-            why["xla"] = ("off: Horovod's allreduce in the step needs HOROVOD_ENABLE_XLA_OPS=1 "
-                          "to be compiled by XLA")
-        else:
-            jit = has_gpu
-            why["xla"] = f"default with {device}"
-    return Switches(bool(mp), bool(jit), why)
+    mp = decide("mixed_precision", mixed_precision, ENV_MIXED_PRECISION)
+    jit = decide("xla", xla, ENV_XLA)
+    feed = decide("device_feed", device_feed, ENV_DEVICE_FEED)
+    blocker = horovod_xla_blocker(has_gpu, env) if distributed and jit else None
+    if blocker:
+        jit = False
+        why["xla"] = f"off although {why['xla']}: {blocker}"
+    return Switches(mp, jit, feed, why)
+
+
+def horovod_xla_blocker(has_gpu: bool, env: Mapping[str, str]) -> str | None:
+    """Why XLA cannot compile a step with Horovod's allreduce here (``None``: it can).
+
+    Horovod v0.28.1 lowers ``HorovodAllreduce`` to XLA only in GPU builds, for the GPU
+    (``horovod/tensorflow/xla_mpi_ops.cc``), and registers the lowering only when
+    ``HOROVOD_ENABLE_XLA_OPS=1`` is set before it loads (``docs/xla.rst``).
+    """
+    if not has_gpu:
+        return ("XLA cannot compile Horovod's allreduce on a CPU (Horovod registers its XLA "
+                "ops for GPUs only: docs/xla.rst, xla_mpi_ops.cc)")
+    if env.get(ENV_HOROVOD_XLA_OPS) != "1":
+        return (f"XLA compiles Horovod's allreduce only with {ENV_HOROVOD_XLA_OPS}=1 set "
+                "before Horovod loads (docs/xla.rst; horovod/horovod#2590)")
+    return None
 
 
 @contextlib.contextmanager
@@ -140,33 +177,27 @@ def policy_scope(mixed_precision: bool) -> Iterator[None]:
         keras.config.set_dtype_policy(previous)
 
 
-def float32_head(model: keras.Model, layer: str = "predictions") -> keras.Model:
-    """Make ``model``'s output layer compute in float32 (its weights already are); returns
-    ``model``. A no-op for a float32 model."""
-    model.get_layer(layer).dtype_policy = "float32"
-    return model
-
-
 def build_model(arch: str, image_size: int, weights: str | None = None,
                 mixed_precision: bool = False, **kwargs: Any) -> keras.Model:
     """:func:`chexnet_utils.model.models.build_chexnet` under the chosen precision.
 
     With ``mixed_precision``, every layer computes in float16 except the sigmoid head, which
-    stays float32 (see the module docstring); compiling the model then wraps its optimizer in
-    a ``LossScaleOptimizer`` (Keras does it for a ``mixed_float16`` model).
+    :func:`~chexnet_utils.model.models.build_chexnet` keeps in float32 (see the module
+    docstring); compiling the model then wraps its optimizer in a ``LossScaleOptimizer``
+    (Keras does it for a ``mixed_float16`` model).
     """
     from chexnet_utils.model.models import build_chexnet
 
     with policy_scope(mixed_precision):
-        model = build_chexnet(arch, image_size, weights=weights, **kwargs)
-    return float32_head(model) if mixed_precision else model
+        return build_chexnet(arch, image_size, weights=weights, **kwargs)
 
 
 def describe(switches: Switches, gpus: Sequence[Any] | None = None) -> str:
-    """One line for logs: ``mixed precision on (default with a GPU), XLA off (...)``."""
-    parts = [f"mixed precision {'on' if switches.mixed_precision else 'off'} "
-             f"({switches.why.get('mixed_precision', '')})",
-             f"XLA {'on' if switches.xla else 'off'} ({switches.why.get('xla', '')})"]
+    """One line for logs: ``mixed precision on (default with a GPU), XLA off (...), ...``."""
+    parts = [f"{label} {'on' if getattr(switches, name) else 'off'} "
+             f"({switches.why.get(name, '')})"
+             for name, label in (("mixed_precision", "mixed precision"), ("xla", "XLA"),
+                                 ("device_feed", "device feed"))]
     if gpus is not None:
         parts.append(f"{len(gpus)} GPU(s)")
     return ", ".join(parts)

@@ -332,9 +332,11 @@ def build_chexnet(arch: str = "densenet121", input_size: int = 224,
         at 128 px on two CPU cores, for CI and laptops). The backbones are
         ``keras.applications.DenseNet121/ResNet50(include_top=False, weights=None,
         pooling="avg")``; the head is ``Dense(num_classes, activation="sigmoid",
-        name="predictions")``. The model is a :class:`ChexNet` (a ``keras.Model`` with the
-        gradient-reduction seam), named ``chexnet_<arch>``, with the backbone nested as one
-        layer named ``backbone``.
+        name="predictions")``, which computes in float32 under any dtype policy. The model is
+        a :class:`ChexNet` (a ``keras.Model`` with the gradient-reduction seam), named
+        ``chexnet_<arch>``, with the backbone nested as one layer named ``backbone``. Built
+        under Keras' global ``mixed_float16`` policy it is a mixed-precision model
+        (:func:`chexnet_utils.model.accelerator.build_model`).
     ``input_size``
         Side of the square RGB input (inputs normalised with ImageNet mean/std, as
         :mod:`chexnet_utils.input.pipelines` delivers them). Any size >= 32 works for every arch.
@@ -400,7 +402,11 @@ def build_chexnet(arch: str = "densenet121", input_size: int = 224,
     if arch == "resnet50":
         x = ImageNetCaffeInput(name="imagenet_caffe_input")(x)
     x = backbone(x)
-    outputs = keras.layers.Dense(num_classes, activation="sigmoid", name="predictions")(x)
+    # float32 whatever the global dtype policy: under mixed_float16 a float16 sigmoid would
+    # round probabilities above ~0.9998 to 1 (Keras' mixed precision guide: the output layer
+    # in float32; chexnet_utils.model.accelerator)
+    outputs = keras.layers.Dense(num_classes, activation="sigmoid", name="predictions",
+                                 dtype="float32")(x)
     model = ChexNet(inputs, outputs, name=f"chexnet_{arch}")
 
     if path is not None and not backbone_file:

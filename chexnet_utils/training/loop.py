@@ -217,8 +217,12 @@ class TrainConfig:
     """``mixed_float16`` with a float32 head; ``None``: on with a GPU, off on CPU (or
     ``CHEXNET_MIXED_PRECISION``). See :mod:`chexnet_utils.model.accelerator`."""
     xla: bool | None = None
-    """``jit_compile``; ``None``: on with a GPU (distributed: only with
-    ``HOROVOD_ENABLE_XLA_OPS=1``), off on CPU (or ``CHEXNET_XLA``)."""
+    """``jit_compile``; ``None``: on with a GPU, off on CPU (or ``CHEXNET_XLA``). Distributed:
+    only on a GPU with ``HOROVOD_ENABLE_XLA_OPS=1``, whatever is asked (XLA cannot compile
+    Horovod's allreduce otherwise)."""
+    device_feed: bool | None = None
+    """New pipeline: batches prefetched to the device; ``None``: on with a GPU, off on CPU (or
+    ``CHEXNET_DEVICE_FEED``; on without a GPU prefetches to ``/cpu:0``)."""
 
     def __post_init__(self) -> None:
         self.tfrecords = Path(self.tfrecords)
@@ -375,15 +379,16 @@ def _load_or_build(cfg: TrainConfig, state: dict[str, Any] | None, size: int,
 
 
 def _training_input(cfg: TrainConfig, files: list[Path], rank: int, size: int,
-                    initial_epoch: int) -> Any:
-    """This worker's shards of the train split through the configured pipeline."""
+                    initial_epoch: int, device_feed: bool) -> Any:
+    """This worker's shards of the train split through the configured pipeline (the new one
+    ending in the device feed when it is on)."""
     from chexnet_utils.input.pipelines import accelerator_device, build_pipeline, to_accelerator
 
     ds = build_pipeline(cfg.pipeline, files, cfg.batch_size, cfg.image_size, training=True,
                         num_workers=size, worker_index=rank, seed=cfg.seed + initial_epoch,
                         shuffle_buffer=cfg.shuffle_buffer, antialias=cfg.antialias)
     if cfg.pipeline == "new":  # on a GPU: batches copied to it ahead of time
-        ds = to_accelerator(ds, accelerator_device())
+        ds = to_accelerator(ds, accelerator_device(device_feed))
     return ds
 
 
@@ -479,14 +484,15 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     """
     import keras
 
-    from chexnet_utils.model.accelerator import resolve_switches
+    from chexnet_utils.model.accelerator import describe, resolve_switches
     from chexnet_utils.model.models import WeightedBCE
 
     t_start = time.perf_counter()
     cfg = config
     cfg.validate_values()
     rank, size = init_world(cfg.distributed)
-    switches = resolve_switches(cfg.mixed_precision, cfg.xla, distributed=cfg.distributed)
+    switches = resolve_switches(cfg.mixed_precision, cfg.xla, cfg.device_feed,
+                                distributed=cfg.distributed)
     chief = rank == 0
     say: Callable[[str], None] = (lambda msg: print(msg, flush=True)) \
         if chief and cfg.verbose else (lambda msg: None)
@@ -497,13 +503,14 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     keras.utils.set_random_seed(cfg.seed + initial_epoch)
     loss_fn = WeightedBCE.from_label_sums(splits.label_sums, splits.n_train)
     model, state = _load_or_build(cfg, state, size, switches, loss_fn, say)
-    train_ds = _training_input(cfg, splits.train_files, rank, size, initial_epoch)
+    train_ds = _training_input(cfg, splits.train_files, rank, size, initial_epoch,
+                               switches.device_feed)
     cbs, timer = _callbacks(cfg, splits, state, loss_fn, chief, size, initial_epoch)
 
     say(f"training {cfg.arch} at {cfg.image_size} px on {splits.n_train} images "
         f"({len(splits.train_files)} shards, {cfg.pipeline} pipeline), batch {cfg.batch_size} "
         f"x {size} worker(s), {splits.steps} steps/epoch, "
-        f"epochs {initial_epoch + 1}..{cfg.epochs}")
+        f"epochs {initial_epoch + 1}..{cfg.epochs}; {describe(switches)}")
     t_fit = time.perf_counter()
     if initial_epoch < cfg.epochs:
         model.fit(train_ds, epochs=cfg.epochs, initial_epoch=initial_epoch,
@@ -580,7 +587,7 @@ def _write_metrics(cfg: TrainConfig, result: TrainResult, splits: _Splits,
                         "best": str(best_path) if best_path.is_file() else None},
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
         "accelerator": {"mixed_precision": switches.mixed_precision, "xla": switches.xla,
-                        "why": switches.why},
+                        "device_feed": switches.device_feed, "why": switches.why},
     }
     Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
     path = Path(cfg.out_dir) / METRICS_NAME

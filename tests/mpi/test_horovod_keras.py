@@ -1,8 +1,8 @@
 """Horovod on Keras 3, proven on 2 ranks: the patterns that average (per-tensor and grouped
 on the project's own step; the tape in the minimal script), the documented one that silently
 does not, the check that stops a drifting job, the overlap of communication with the backward
-pass, no learning-rate drift when validation drives the schedule, and the two copyable
-scripts."""
+pass, no learning-rate drift when validation drives the schedule, the Keras 2 recipe, and
+notebook 04's own six-change cells under the GPU switches."""
 
 from __future__ import annotations
 
@@ -21,12 +21,14 @@ from chexnet_utils.cluster.distributed import (
     mpi_environment,
     mpirun_command,
 )
+from chexnet_utils.notebook.cells import code_cell
 from chexnet_utils.training import horovod_keras as HK
-from tests.support.scripts import launcher_command
 
 pytestmark = pytest.mark.mpi
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ROOT = Path(__file__).resolve().parents[2]
+NB04 = ROOT / "notebooks" / "04_distributed_training_horovod.ipynb"
+SWITCHES = ("CHEXNET_MIXED_PRECISION", "CHEXNET_XLA", "CHEXNET_DEVICE_FEED")
 
 
 @pytest.fixture(scope="module")
@@ -36,21 +38,8 @@ def cluster():
 
 
 # ---- the copyable scripts (first: the module's cluster does not exist yet, so its idle
-# engines, whose Horovod threads poll every millisecond, do not slow these jobs down) -----
-
-def test_minimal_script_runs_unchanged_under_horovodrun(hvd_tfrecords, tmp_path):
-    """The copyable script under ``horovodrun`` (the CLI runs under a bare ``mpirun`` in
-    tests/mpi/test_horovod_training.py: each launcher is proven once)."""
-    argv = ["python", str(ROOT / "scripts" / "train_horovod_minimal.py"), "--epochs", "1",
-            "--tfrecords", str(hvd_tfrecords), "--image-size", "32", "--batch-size", "8",
-            "--out", str(tmp_path / "run")]
-    proc = subprocess.run(launcher_command("horovodrun", 2, argv), env=mpi_environment(2),
-                          capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("ranks identical: True") == 1, proc.stdout[-2000:]
-    assert (tmp_path / "run" / "last.keras").is_file()
-
+# engines, whose Horovod threads poll every millisecond, do not slow these jobs down). The
+# minimal script runs under horovodrun with the GPU switches on in tests/mpi/test_gpu_smoke.py.
 
 def test_canonical_keras2_recipe_averages_under_tf_keras(tmp_path):
     argv = ["python", str(ROOT / "scripts" / "horovod_keras2_canonical.py"),
@@ -107,6 +96,58 @@ def test_learning_rate_scaling_rules():
 
 
 # ---- on 2 ranks ----------------------------------------------------------------------------
+
+def six_changes(cluster, files, out, switches, drop_scale_loss=False, xla_cell=False):
+    """Notebook 04's %%px cells of section 2.0 (taken from the notebook) on the engines, with
+    the GPU switches ``on`` or ``off``: (weights moved per rank, digests, XLA cell's output)."""
+    cluster.view.push({"FILES": files, "IMAGE_SIZE": 32, "BATCH_SIZE": 8, "STEPS": 3,
+                       "OUT": str(out), "SWITCH_ENV": dict.fromkeys(SWITCHES, switches)},
+                      block=True)
+    step = code_cell(NB04, "def train_step(images, labels):")
+    if drop_scale_loss:
+        step = step.replace("        scaled = optimizer.scale_loss(loss)", "        scaled = loss")
+    cells = ["import os\nos.environ.update(SWITCH_ENV)",
+             code_cell(NB04, "hvd.init()\nprint(f\"rank {hvd.rank()} of {hvd.size()}"),
+             code_cell(NB04, "# 1. initialise"),
+             "START_W = [w.numpy() for w in model.trainable_weights]", step,
+             code_cell(NB04, "losses = [float(train_step(images, labels))"),
+             "MOVED = float(sum(abs(w.numpy() - s).sum() "
+             "for w, s in zip(model.trainable_weights, START_W)))"]
+    for code in cells:
+        cluster.view.execute(code, block=True).get()
+    printed = []
+    if xla_cell:
+        xla = cluster.view.execute(code_cell(NB04, "xla_step = tf.function("), block=True)
+        xla.get()
+        printed = list(xla.stdout)
+    moved = cluster.view.pull("MOVED", block=True)
+    ends = cluster.view.pull("end", block=True)
+    sw = cluster.view.pull("SW", block=True)
+    return moved, ends, sw, printed
+
+
+def test_notebook_six_changes_under_the_gpu_switches(cluster, hvd_tfrecords, tmp_path):
+    """Issue 45 (a, d): notebook 04's lesson cells with mixed precision, XLA and the device
+    feed forced on: the ranks stay identical, the Adam updates match float32's within 2x,
+    XLA is off on purpose (it cannot compile Horovod's allreduce on a CPU) and the cell that
+    forces it shows the compile error on every rank. Without ``scale_loss`` the updates
+    shrink, which the 2x check catches."""
+    from chexnet_utils.data.tfrecords import list_shards
+
+    files = [str(f) for f in list_shards(hvd_tfrecords, "train")]
+    f32, ends32, sw32, _ = six_changes(cluster, files, tmp_path / "f32", "off")
+    on, ends, sw, xla_out = six_changes(cluster, files, tmp_path / "on", "on", xla_cell=True)
+    assert len(set(ends32)) == 1 and len(set(ends)) == 1, "the ranks drifted apart"
+    assert all(s.mixed_precision and s.device_feed and not s.xla for s in sw)
+    assert all("cannot compile Horovod's allreduce on a CPU" in s.why["xla"] for s in sw)
+    assert not any(s.mixed_precision for s in sw32)
+    ratio = on[0] / f32[0]
+    assert 0.5 < ratio < 2, f"mixed precision moved the weights {ratio:.3g}x as far"
+    assert len(xla_out) == 2 and all("Detected unsupported operations" in out
+                                     and "Allreduce" in out for out in xla_out), xla_out
+    bug, _, _, _ = six_changes(cluster, files, tmp_path / "bug", "on", drop_scale_loss=True)
+    assert bug[0] / f32[0] < 0.5, f"without scale_loss: {bug[0] / f32[0]:.3g}x"
+
 
 @pytest.mark.parametrize("pattern", ["per_tensor", "grouped"])
 def test_averaging_patterns_keep_ranks_identical(cluster, pattern):

@@ -99,8 +99,10 @@ def test_bench_scaling_rejects_bad_arguments(hvd_tfrecords):
 
 def test_train_cli_runs_unchanged_under_mpirun(hvd_tfrecords, tmp_path):
     """The CLI under a bare ``mpirun`` (``horovodrun``, which adds Horovod's own environment
-    on top of ``mpirun``, runs the minimal script in tests/mpi/test_horovod_keras.py: each
-    launcher is proven once, not each job under both)."""
+    on top of ``mpirun``, runs the minimal script in tests/mpi/test_gpu_smoke.py: each
+    launcher is proven once, not each job under both), with the GPU switches forced on: the
+    ranks stay identical, XLA is off on purpose under Horovod on a CPU."""
+    import os
     import subprocess
 
     from chexnet_utils.cluster.distributed import mpi_environment
@@ -111,10 +113,17 @@ def test_train_cli_runs_unchanged_under_mpirun(hvd_tfrecords, tmp_path):
             "--tfrecords", str(hvd_tfrecords),
             "--arch", "small", "--image-size", "32", "--batch-size", "8", "--epochs", "1",
             "--steps-per-epoch", "2", "--out", str(out), "--quiet"]
-    proc = subprocess.run(launcher_command("mpirun", 2, argv), env=mpi_environment(2),
+    switches = dict.fromkeys(("CHEXNET_MIXED_PRECISION", "CHEXNET_XLA", "CHEXNET_DEVICE_FEED"),
+                             "on")  # what a GPU node runs (issue 45)
+    proc = subprocess.run(launcher_command("mpirun", 2, argv),
+                          env=mpi_environment(2, {**os.environ, **switches}),
                           capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["epochs"] == 1
+    assert metrics["ranks_identical"]
+    accel = metrics["accelerator"]
+    assert accel["mixed_precision"] and accel["device_feed"] and not accel["xla"]
+    assert "cannot compile Horovod's allreduce on a CPU" in accel["why"]["xla"]
     assert proc.stdout.count("mean AUROC") == 1  # only rank 0 reports

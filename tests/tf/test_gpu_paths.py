@@ -60,9 +60,11 @@ def test_pin_process_with_too_few_gpus_is_a_clear_error(monkeypatch: pytest.Monk
 
 def test_switches_default_on_with_a_gpu_and_off_without() -> None:
     on = accelerator.resolve_switches(has_gpu=True, env={})
-    assert (on.mixed_precision, on.xla, on.policy) == (True, True, "mixed_float16")
+    assert (on.mixed_precision, on.xla, on.device_feed, on.policy) == (
+        True, True, True, "mixed_float16")
     off = accelerator.resolve_switches(has_gpu=False, env={})
-    assert (off.mixed_precision, off.xla, off.policy) == (False, False, "float32")
+    assert (off.mixed_precision, off.xla, off.device_feed, off.policy) == (
+        False, False, False, "float32")
     assert "no GPU" in off.why["xla"]
     # the real process: this CI machine has no GPU
     if not accelerator.process_gpus():
@@ -95,10 +97,11 @@ def test_mixed_precision_model_keeps_a_float32_head_and_scales_the_loss() -> Non
 def test_device_stage_only_with_a_gpu() -> None:
     tf = pytest.importorskip("tensorflow")
     gpu = [SimpleNamespace(name="/physical_device:GPU:0", device_type="GPU")]
-    assert pipelines.accelerator_device(gpu) == "/gpu:0"
-    assert pipelines.accelerator_device([]) is None
+    assert pipelines.accelerator_device(True, gpu) == "/gpu:0"
+    assert pipelines.accelerator_device(True, []) == "/cpu:0"  # forced on: the same stage
+    assert pipelines.accelerator_device(False, gpu) is None
     if not tf.config.get_visible_devices("GPU"):
-        assert pipelines.accelerator_device() is None
+        assert pipelines.accelerator_device(True) == "/cpu:0"
     ds = tf.data.Dataset.range(3)
     assert pipelines.to_accelerator(ds, None) is ds
 
@@ -118,11 +121,12 @@ def test_train_with_mixed_precision_and_resume(tiny_tfrecords: Path, tmp_path: P
 
     cfg = dict(tfrecords=tiny_tfrecords, out_dir=tmp_path / "mp", arch="small", image_size=32,
                batch_size=8, epochs=1, steps_per_epoch=2, tensorboard=False, verbose=0,
-               mixed_precision=True, xla=False)
+               mixed_precision=True, xla=False, device_feed=True)  # (XLA: the gpu-smoke test)
     first = train(TrainConfig(**cfg))
     metrics = json.loads(first.metrics_path.read_text())
     assert metrics["accelerator"]["mixed_precision"] is True
     assert metrics["accelerator"]["xla"] is False
+    assert metrics["accelerator"]["device_feed"] is True
     assert np.isfinite(metrics["history"]["loss"][-1])
     assert first.model.get_layer("predictions").compute_dtype == "float32"
     again = train(TrainConfig(**{**cfg, "epochs": 2, "resume": True}))

@@ -162,10 +162,24 @@ def test_worker_plan_reads_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch)
 
 def test_xla_under_horovod_needs_its_xla_ops() -> None:
     sw = accelerator.resolve_switches(has_gpu=True, distributed=True, env={})
-    assert sw.mixed_precision and not sw.xla
+    assert sw.mixed_precision and sw.device_feed and not sw.xla
     assert "HOROVOD_ENABLE_XLA_OPS" in sw.why["xla"]
     assert accelerator.resolve_switches(has_gpu=True, distributed=True,
                                         env={"HOROVOD_ENABLE_XLA_OPS": "1"}).xla
+
+
+@pytest.mark.parametrize("asked", [{"xla": True}, {"env": {"CHEXNET_XLA": "on"}},
+                                   {"env": {"CHEXNET_XLA": "on", "HOROVOD_ENABLE_XLA_OPS": "1"}}])
+def test_xla_asked_for_under_horovod_without_a_gpu_is_off_saying_why(asked: dict) -> None:
+    """Issue 45 (d): XLA cannot compile Horovod's allreduce on a CPU (tests/mpi shows the
+    compile error), so under Horovod it is off on purpose however it was asked for; one
+    worker keeps it."""
+    env = asked.get("env", {})
+    sw = accelerator.resolve_switches(xla=asked.get("xla"), has_gpu=False, distributed=True,
+                                      env=env)
+    assert not sw.xla and sw.why["xla"].startswith("off although")
+    assert "cannot compile Horovod's allreduce on a CPU" in sw.why["xla"]
+    assert accelerator.resolve_switches(xla=asked.get("xla"), has_gpu=False, env=env).xla
 
 
 def test_switch_overrides_arguments_then_environment() -> None:
@@ -175,6 +189,8 @@ def test_switch_overrides_arguments_then_environment() -> None:
     assert sw.why["mixed_precision"] == "CHEXNET_MIXED_PRECISION=off"
     sw = accelerator.resolve_switches(mixed_precision=True, xla="off", has_gpu=False, env=env)
     assert (sw.mixed_precision, sw.xla) == (True, False)
+    feed = accelerator.resolve_switches(has_gpu=False, env={"CHEXNET_DEVICE_FEED": "on"})
+    assert feed.device_feed and feed.why["device_feed"] == "CHEXNET_DEVICE_FEED=on"
     assert accelerator.resolve_switches(has_gpu=True, env={"CHEXNET_XLA": "auto"}).xla
     with pytest.raises(ValueError, match="CHEXNET_XLA"):
         accelerator.resolve_switches(has_gpu=True, env={"CHEXNET_XLA": "maybe"})

@@ -1,0 +1,129 @@
+"""Notebook 03's lesson step under what a GPU node switches on (issue 45), run on this CPU.
+
+The ``CheXNet`` class and ``compile_chexnet`` are taken from the notebook file
+(:mod:`chexnet_utils.notebook.cells`), not copied. With mixed precision and XLA forced on, the
+first updates of the step must match the float32 step's within a small factor, for SGD and
+for Adam; with the ``scale_loss`` line taken out (the step as it was before issue 45), SGD's
+updates shrink by about the loss scale, 2**15, which is what the check exists to catch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+from chexnet_utils.data.labels import PATHOLOGIES  # noqa: E402
+from chexnet_utils.model import accelerator, models  # noqa: E402
+from chexnet_utils.notebook.cells import code_cell, definition  # noqa: E402
+
+NB03 = Path(__file__).resolve().parents[2] / "notebooks" / "03_training_single_worker.ipynb"
+SCALE_LINE = "            scaled = self.optimizer.scale_loss(loss)"
+SIZE = 32
+
+
+def lesson_namespace(drop_scale_loss: bool = False, xla: bool = False) -> dict[str, Any]:
+    """Notebook 03's ``CheXNet``, ``as_chexnet`` and ``compile_chexnet``, executed here."""
+    cell = code_cell(NB03, "class CheXNet(keras.Model)")
+    if drop_scale_loss:
+        assert SCALE_LINE in cell and "tape.gradient(scaled," in cell
+        cell = "\n".join(line for line in cell.splitlines() if not line.startswith(SCALE_LINE))
+        cell = cell.replace("tape.gradient(scaled,", "tape.gradient(loss,")
+    loss_fn = models.WeightedBCE(np.full(14, 0.7), np.full(14, 0.3))
+    ns: dict[str, Any] = {"keras": keras, "tf": tf, "loss_fn": loss_fn,
+                          "PATHOLOGIES": PATHOLOGIES,
+                          "SW": SimpleNamespace(xla=xla)}  # what notebook 03's setup resolves
+    exec(cell.replace('@keras.saving.register_keras_serializable(package="notebook03")\n', ""),
+         ns)
+    compile_cell = code_cell(NB03, "def compile_chexnet(m):")
+    exec(definition(compile_cell, "compile_chexnet"), ns)
+    return ns
+
+
+def batch() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return (rng.random((16, SIZE, SIZE, 3), dtype=np.float32),
+            (rng.random((16, 14)) < 0.3).astype(np.float32))
+
+
+def weight_change(ns: dict[str, Any], optimizer: str, mixed: bool, xla: bool,
+                  steps: int = 2) -> tuple[float, Any]:
+    """Sum of |weight change| after ``steps`` lesson steps from a fixed start; and the model."""
+    keras.utils.set_random_seed(0)
+    with accelerator.policy_scope(mixed):  # as notebook 03's setup sets the global policy
+        model = ns["as_chexnet"](models.build_chexnet("small", SIZE))
+    opt = {"sgd": keras.optimizers.SGD(0.05), "adam": keras.optimizers.Adam(1e-3)}[optimizer]
+    model.compile(optimizer=opt, loss=ns["loss_fn"], jit_compile=xla)
+    start = [w.numpy() for w in model.trainable_weights]
+    x, y = batch()
+    for _ in range(steps):
+        model.train_on_batch(x, y)
+    moved = sum(float(np.abs(w.numpy() - s).sum())
+                for w, s in zip(model.trainable_weights, start, strict=True))
+    return moved, model
+
+
+@pytest.fixture(scope="module")
+def float32_moves() -> dict[str, float]:
+    ns = lesson_namespace()
+    return {opt: weight_change(ns, opt, mixed=False, xla=False)[0] for opt in ("sgd", "adam")}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_lesson_step_under_mixed_precision_and_xla_moves_like_float32(
+        optimizer: str, float32_moves: dict[str, float]) -> None:
+    moved, model = weight_change(lesson_namespace(), optimizer, mixed=True, xla=True)
+    assert type(model.optimizer).__name__ == "LossScaleOptimizer"  # what compile() adds
+    assert model.get_layer("predictions").compute_dtype == "float32"
+    ratio = moved / float32_moves[optimizer]
+    assert 0.5 < ratio < 2, f"{optimizer}: mixed+XLA moved the weights {ratio:.3g}x as far"
+
+
+def test_without_scale_loss_the_check_sees_the_loss_scale(float32_moves: dict[str, float]
+                                                          ) -> None:
+    moved, _ = weight_change(lesson_namespace(drop_scale_loss=True), "sgd", mixed=True,
+                             xla=False)
+    ratio = moved / float32_moves["sgd"]
+    assert ratio < 1e-3, f"without scale_loss SGD moved {ratio:.3g}x as far (expected ~2**-15)"
+
+
+def test_compile_chexnet_decides_xla_from_the_switches() -> None:
+    for xla in (False, True):
+        ns = lesson_namespace(xla=xla)
+        model = ns["compile_chexnet"](ns["as_chexnet"](models.build_chexnet("small", SIZE)))
+        assert model.jit_compile is xla
+
+
+def val_auroc_after_fit(ns: dict[str, Any], tfrecords: Path, mixed: bool, epochs: int) -> float:
+    """Notebook 03's model, step and compile, fit on the synthetic stand-in; val mean AUROC."""
+    from chexnet_utils.data.tfrecords import list_shards
+    from chexnet_utils.input.pipelines import accelerator_device, new_approach, to_accelerator
+    from chexnet_utils.model.auroc import mean_auroc, per_class_auroc
+    from chexnet_utils.training import predict_split, training_label_sums
+
+    sums, n = training_label_sums(tfrecords)
+    ns["loss_fn"] = models.WeightedBCE.from_label_sums(sums, n)
+    keras.utils.set_random_seed(0)
+    with accelerator.policy_scope(mixed):
+        model = ns["compile_chexnet"](ns["as_chexnet"](models.build_chexnet("small", 64)))
+    train = new_approach(list_shards(tfrecords, "train"), 16, 64, training=True, seed=0)
+    train = to_accelerator(train, accelerator_device(mixed))  # the device feed, on /cpu:0
+    model.fit(train, epochs=epochs, steps_per_epoch=n // 16, verbose=0, shuffle=False)
+    val = new_approach(list_shards(tfrecords, "val"), 16, 64, training=False)
+    return mean_auroc(per_class_auroc(*predict_split(model, val)))
+
+
+def test_lesson_run_under_the_gpu_switches_learns_like_float32(make_tfrecords: Any) -> None:
+    """(b): three epochs of notebook 03's training with mixed precision, XLA and the device
+    feed on reach a validation AUROC within 0.1 of float32's, both well above chance."""
+    tfrecords = make_tfrecords(300, 64, 50)
+    f32 = val_auroc_after_fit(lesson_namespace(xla=False), tfrecords, mixed=False, epochs=3)
+    gpu = val_auroc_after_fit(lesson_namespace(xla=True), tfrecords, mixed=True, epochs=3)
+    assert f32 > 0.65 and gpu > 0.65, (f32, gpu)
+    assert abs(gpu - f32) < 0.1, f"val AUROC float32 {f32:.3f}, mixed+XLA {gpu:.3f}"
