@@ -142,10 +142,12 @@ def test_notebook_six_changes_under_the_gpu_switches(cluster, hvd_tfrecords, tmp
     assert all("cannot compile Horovod's allreduce on a CPU" in s.why["xla"] for s in sw)
     assert not any(s.mixed_precision for s in sw32)
     ratio = on[0] / f32[0]
+    print(f"04 six changes, Adam: mixed / float32 weight change {ratio:.4g}")
     assert 0.5 < ratio < 2, f"mixed precision moved the weights {ratio:.3g}x as far"
     assert len(xla_out) == 2 and all("Detected unsupported operations" in out
                                      and "Allreduce" in out for out in xla_out), xla_out
     bug, _, _, _ = six_changes(cluster, files, tmp_path / "bug", "on", drop_scale_loss=True)
+    print(f"04 six changes without scale_loss, Adam: {bug[0] / f32[0]:.4g}")
     assert bug[0] / f32[0] < 0.5, f"without scale_loss: {bug[0] / f32[0]:.3g}x"
 
 

@@ -82,6 +82,7 @@ def test_lesson_step_under_mixed_precision_and_xla_moves_like_float32(
     assert type(model.optimizer).__name__ == "LossScaleOptimizer"  # what compile() adds
     assert model.get_layer("predictions").compute_dtype == "float32"
     ratio = moved / float32_moves[optimizer]
+    print(f"03 step, {optimizer}: mixed+XLA / float32 weight change {ratio:.4g}")
     assert 0.5 < ratio < 2, f"{optimizer}: mixed+XLA moved the weights {ratio:.3g}x as far"
 
 
@@ -90,6 +91,7 @@ def test_without_scale_loss_the_check_sees_the_loss_scale(float32_moves: dict[st
     moved, _ = weight_change(lesson_namespace(drop_scale_loss=True), "sgd", mixed=True,
                              xla=False)
     ratio = moved / float32_moves["sgd"]
+    print(f"03 step without scale_loss, sgd: mixed / float32 weight change {ratio:.4g}")
     assert ratio < 1e-3, f"without scale_loss SGD moved {ratio:.3g}x as far (expected ~2**-15)"
 
 
@@ -125,5 +127,6 @@ def test_lesson_run_under_the_gpu_switches_learns_like_float32(make_tfrecords: A
     tfrecords = make_tfrecords(300, 64, 50)
     f32 = val_auroc_after_fit(lesson_namespace(xla=False), tfrecords, mixed=False, epochs=3)
     gpu = val_auroc_after_fit(lesson_namespace(xla=True), tfrecords, mixed=True, epochs=3)
+    print(f"03 run, val mean AUROC: float32 {f32:.3f}, mixed+XLA+device feed {gpu:.3f}")
     assert f32 > 0.65 and gpu > 0.65, (f32, gpu)
     assert abs(gpu - f32) < 0.1, f"val AUROC float32 {f32:.3f}, mixed+XLA {gpu:.3f}"
