@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -130,8 +131,9 @@ def test_notebook_six_changes_under_the_gpu_switches(cluster, hvd_tfrecords, tmp
     """Issue 45 (a, d): notebook 04's lesson cells with mixed precision, XLA and the device
     feed forced on: the ranks stay identical, the Adam updates match float32's within 2x,
     XLA is off on purpose (it cannot compile Horovod's allreduce on a CPU) and the cell that
-    forces it shows the compile error on every rank. Without ``scale_loss`` the updates
-    shrink, which the 2x check catches."""
+    forces it shows the compile error on every rank. Without ``scale_loss`` (the cell before
+    issue 45) Adam's updates shrink to 0.016x, which the 2x check catches: shown with
+    ``CHEXNET_TEST_MUTANTS=1`` (a third run, left out of ``make test`` for its time)."""
     from chexnet_utils.data.tfrecords import list_shards
 
     files = [str(f) for f in list_shards(hvd_tfrecords, "train")]
@@ -146,9 +148,10 @@ def test_notebook_six_changes_under_the_gpu_switches(cluster, hvd_tfrecords, tmp
     assert 0.5 < ratio < 2, f"mixed precision moved the weights {ratio:.3g}x as far"
     assert len(xla_out) == 2 and all("Detected unsupported operations" in out
                                      and "Allreduce" in out for out in xla_out), xla_out
-    bug, _, _, _ = six_changes(cluster, files, tmp_path / "bug", "on", drop_scale_loss=True)
-    print(f"04 six changes without scale_loss, Adam: {bug[0] / f32[0]:.4g}")
-    assert bug[0] / f32[0] < 0.5, f"without scale_loss: {bug[0] / f32[0]:.3g}x"
+    if os.environ.get("CHEXNET_TEST_MUTANTS") == "1":  # the check on the step before issue 45
+        bug, _, _, _ = six_changes(cluster, files, tmp_path / "bug", "on", drop_scale_loss=True)
+        print(f"04 six changes without scale_loss, Adam: {bug[0] / f32[0]:.4g}")
+        assert bug[0] / f32[0] < 0.5, f"without scale_loss: {bug[0] / f32[0]:.3g}x"
 
 
 @pytest.mark.parametrize("pattern", ["per_tensor", "grouped"])
