@@ -59,7 +59,7 @@ TEST_WORKERS ?= 2
 # folder behind.
 lint: setup
 	"$(PY)" -m ruff check --no-cache chexnet_utils tests conftest.py scripts tools
-	"$(dir $(PY))lint-imports" --no-cache
+	"$(patsubst %/python,%/lint-imports,$(PY))" --no-cache
 	"$(PY)" -m mypy
 
 test: setup lint
@@ -147,7 +147,7 @@ lab: setup
 ifeq ($(PRIVATE),1)
 	mkdir -p "$(BUILD)"
 	sock="$(LAB_SOCKET)"; [ -n "$$sock" ] || sock="$$(cd "$(BUILD)" && pwd)/lab.sock"; \
-	echo "JupyterLab on $$sock: from your laptop, ssh -L 8888:$$sock $$USER@$$(hostname)"; \
+	echo "JupyterLab on $$sock: from your laptop, ssh -L '8888:$$sock' $$USER@$$(hostname)"; \
 	exec "$(PY)" -m chexnet_utils.platform.exposure private -- "$(PY)" -m chexnet_utils.lab \
 	  --notebook-dir=notebooks --ServerApp.sock="$$sock" $(LAB_ARGS)
 else

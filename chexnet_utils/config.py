@@ -156,6 +156,25 @@ OVERRIDES: dict[str, tuple[str, type]] = {
 }
 """Environment variable -> (field of :class:`Scale`, type); applied by :func:`scale`."""
 
+MAXIMA: dict[str, float] = {
+    "epochs": 10_000, "bench_batches": 100_000, "feeding_batches": 100_000,
+    "bench_repeats": 1_000, "bench_steps": 100_000,
+    "accel_ms": 100_000,       # 100 s of emulated work per step
+    "max_workers": 4_096,
+}
+"""The largest value each :data:`OVERRIDES` field accepts (``comm_max_mb``: a quarter of this
+machine's memory, :func:`comm_max_mb_limit`): far above any real run, low enough that a typo
+(``CHEXNET_WORKERS=1000000``) fails here, naming the variable, not in engines far away."""
+
+
+def comm_max_mb_limit() -> float:
+    """A quarter of this machine's memory in MiB: the allreduce sweeps hold tensors of
+    ``CHEXNET_COMM_MAX_MB`` on every engine, several at a time."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 4 / 2 ** 20
+    except (ValueError, OSError):
+        return 65_536.0
+
 
 def repo_root() -> Path:
     """The checkout this package is installed from (editable install)."""
@@ -175,9 +194,10 @@ def scale(name: str | None = None) -> Scale:
 def with_overrides(preset: Scale, env: Mapping[str, str]) -> Scale:
     """``preset`` with the fields named in :data:`OVERRIDES` taken from ``env`` where set.
 
-    Raises ``ValueError`` naming the variable when a value does not parse, is not finite
-    (``nan``, ``inf``, ``1e400``) or is not positive (``CHEXNET_ACCEL_MS=0`` is allowed: no
-    emulated accelerator).
+    Raises ``ValueError`` naming the variable when a value is not written in ASCII (Python
+    would read ``'٥'`` as 5), does not parse, is not finite (``nan``, ``inf``, ``1e400``), is
+    not positive (``CHEXNET_ACCEL_MS=0`` is allowed: no emulated accelerator) or is over its
+    :data:`MAXIMA`.
     """
     changes: dict[str, Any] = {}  # field -> a value of its OVERRIDES kind, checked below
     for var, (field, kind) in OVERRIDES.items():
@@ -185,13 +205,19 @@ def with_overrides(preset: Scale, env: Mapping[str, str]) -> Scale:
         if not raw:
             continue
         try:
+            if not raw.isascii():
+                raise ValueError
             value = kind(raw)
         except ValueError:
-            raise ValueError(f"{var}={raw!r} is not a number ({kind.__name__})") from None
+            raise ValueError(f"{var}={raw!r} is not a number ({kind.__name__}, ASCII digits)"
+                             ) from None
         if not math.isfinite(value):
             raise ValueError(f"{var}={raw!r} is not a finite number")
         if value < 0 or (value == 0 and field != "accel_ms"):
             raise ValueError(f"{var}={raw!r} must be positive")
+        limit = MAXIMA[field] if field in MAXIMA else comm_max_mb_limit()
+        if value > limit:
+            raise ValueError(f"{var}={raw!r} is more than this setting allows ({limit:,.0f})")
         changes[field] = value
     return replace(preset, **changes) if changes else preset
 

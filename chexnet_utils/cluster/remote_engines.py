@@ -30,6 +30,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -40,7 +41,14 @@ from typing import Any
 
 from chexnet_utils.cluster.distributed import check_listen_address
 from chexnet_utils.platform.atomic import make_private
-from chexnet_utils.platform.processes import stop_processes
+from chexnet_utils.platform.processes import (
+    LIFELINE_ENV,
+    lifeline_tokens,
+    release_watchdog,
+    start_watchdog,
+    stop_processes,
+    watchdog_remove_on_death,
+)
 
 
 def boot_id() -> str:
@@ -64,7 +72,10 @@ class RemoteEngines:
     """A controller on ``ip`` (CurveZMQ on unless ``curve=False``) and ``n`` engines started
     with ``launch``, the connection files in a private folder made in ``profile_parent``
     (default: the temporary folder; the engines' host must see it at the same path); a
-    context manager that always tears everything down."""
+    context manager that always tears everything down. Like ``MPICluster`` it starts a
+    watchdog: if this process dies (a kernel killed with SIGKILL), the controller and every
+    engine on this machine (they carry its token in ``CHEXNET_LIFELINE``) are stopped and the
+    connection files removed."""
 
     def __init__(self, ip: str, n: int = 1, launch: Sequence[str] = (), curve: bool = True,
                  engine_timeout: float = 60, env: Mapping[str, str] | None = None,
@@ -82,6 +93,8 @@ class RemoteEngines:
         self.profile_dir: str | None = None
         self.engines: list[subprocess.Popen[bytes]] = []
         self.engine_pids: list[int] = []
+        self.lifeline: str | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._local: list[Any] = []
         """``psutil.Process`` of the controller and of the engines that run on this machine
         (same ``boot_id``: a network namespace here, not another host), captured at start:
@@ -127,9 +140,13 @@ class RemoteEngines:
             raise RuntimeError("already started")
         self.profile_dir = tempfile.mkdtemp(prefix="chexnet-remote-",  # mode 0700
                                             dir=self.profile_parent)
+        self.lifeline = f"remote-{os.getpid()}-{secrets.token_hex(4)}"
+        self._watchdog = start_watchdog(os.getpid(), self.lifeline)
+        watchdog_remove_on_death(self._watchdog, self.profile_dir)  # a dead kernel leaves none
+        marked = {**self.env, LIFELINE_ENV: ",".join([*lifeline_tokens(), self.lifeline])}
         cfg = Config()
         cfg.LocalControllerLauncher.environment = {
-            **self.env, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
+            **marked, "IPP_ENABLE_CURVE": "1" if self.curve else "0"}
         try:
             self.cluster = ipp.Cluster(profile_dir=self.profile_dir, controller_ip=self.ip,
                                        n=0, config=cfg, log_level=40, shutdown_atexit=True)
@@ -138,7 +155,7 @@ class RemoteEngines:
             self._wait_for_files(time.monotonic() + self.engine_timeout)
             self._secure_files()
             engine_file = self.connection_file("engine")
-            env = {**os.environ, **self.env}
+            env = {**os.environ, **marked}
             self.engines = [subprocess.Popen(
                 [*self.launch, sys.executable, "-m", "ipyparallel.engine",
                  f"--file={engine_file}", "--log-level=40"],
@@ -210,6 +227,8 @@ class RemoteEngines:
         if self.profile_dir is not None:
             shutil.rmtree(self.profile_dir, ignore_errors=True)
             self.profile_dir = None
+        release_watchdog(self._watchdog)  # stops what still carries the token: normally none
+        self._watchdog = self.lifeline = None
         self.engines, self.view, self._local = [], None, []
         return still
 

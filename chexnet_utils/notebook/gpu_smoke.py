@@ -88,23 +88,38 @@ class SmokeReport:
         return "\n".join(lines)
 
 
-def node_description() -> dict[str, str]:
-    """The GPUs and the versions that matter on a GPU node (``"-"`` where there is none)."""
-    import horovod
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
+def node_description(gpus: Sequence[Any]) -> dict[str, str]:
+    """The GPUs and the versions that matter on a GPU node (``"-"`` where there is none).
+    Without GPUs (the CPU stand-in) the package versions only: TensorFlow is not imported."""
     from chexnet_utils.hardware import devices
 
-    build = tf.sysconfig.get_build_info()
-    gpus = devices.visible_gpus()
-    driver = devices.run_nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"])
-    return {"GPUs": ", ".join(sorted({g.name for g in gpus})) + f" x{len(gpus)}" if gpus else "-",
-            "driver": driver.splitlines()[0].strip() if driver else "-",
-            "CUDA / cuDNN (TensorFlow build)": f"{build.get('cuda_version', '-')} / "
-                                               f"{build.get('cudnn_version', '-')}",
-            "NCCL (Horovod)": nccl_version(hvd.nccl_built()),
-            "TensorFlow / Horovod": f"{tf.__version__} / {horovod.__version__}"}
+    names = ", ".join(sorted({g.name for g in gpus})) + f" x{len(gpus)}" if gpus else "-"
+    versions = f"{installed('tensorflow', 'tensorflow-cpu')} / {installed('horovod')}"
+    desc = {"GPUs": names, "driver": "-", "CUDA / cuDNN (TensorFlow build)": "- / -",
+            "NCCL (Horovod)": "-", "TensorFlow / Horovod": versions}
+    if gpus:
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        build = tf.sysconfig.get_build_info()
+        driver = devices.run_nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"])
+        desc.update({"driver": driver.splitlines()[0].strip() if driver else "-",
+                     "CUDA / cuDNN (TensorFlow build)": f"{build.get('cuda_version', '-')} / "
+                                                        f"{build.get('cudnn_version', '-')}",
+                     "NCCL (Horovod)": nccl_version(hvd.nccl_built())})
+    return desc
+
+
+def installed(*distributions: str) -> str:
+    """The version of the first of ``distributions`` that is installed (``-``: none)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in distributions:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "-"
 
 
 def nccl_version(code: int) -> str:
@@ -225,7 +240,7 @@ def gpu_smoke(cpu: bool = False, out: Path | None = None,
         os.environ.update(CPU_SWITCHES)
     n = CPU_WORKERS if cpu else len(gpus)
     out = out or config.work_dir() / "gpu-smoke"
-    report = SmokeReport(node_description(), cpu)
+    report = SmokeReport(node_description(gpus), cpu)
     log(f"gpu-smoke: {'CPU stand-in' if cpu else f'{n} GPU(s)'}; output in {out}")
     report.steps.append(run_notebook_section(config.repo_root() / "notebooks"))
     log(f"  {report.steps[-1].name}: {report.steps[-1].detail}")

@@ -154,3 +154,34 @@ def test_without_curve_the_marker_crosses_the_link_in_plain_text(other_host):
         left = rc.stop()
     assert cap.contains(marker)
     assert left == [] and alive(pids) == []
+
+
+_HOLDER = """
+import json, sys, time
+from chexnet_utils.cluster.remote_engines import RemoteEngines
+rc = RemoteEngines(sys.argv[1], n=1, launch=["ip", "netns", "exec", sys.argv[2]]).start()
+pids = [*rc.engine_pids, *(p.pid for p in rc.engines), rc.cluster.controller.process.pid]
+print(json.dumps({"pids": pids, "profile": rc.profile_dir}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_holder_leaves_no_controller_engine_or_key_behind(other_host):
+    """Review N9: RemoteEngines starts a watchdog as MPICluster does; SIGKILL of the process
+    that started them (a kernel) stops the controller and the engine and removes the
+    connection files, checked by pid and path."""
+    import time
+
+    ns, _, host_ip = other_host
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, host_ip, ns],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        started = json.loads(holder.stdout.readline())
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    deadline = time.monotonic() + 20
+    while (alive(started["pids"]) or os.path.exists(started["profile"])) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive(started["pids"]) == [] and not os.path.exists(started["profile"])

@@ -117,6 +117,24 @@ def test_non_finite_numbers_are_refused_naming_the_variable(var, raw):
     assert str(info.value) == f"{var}={raw!r} is not a finite number"
 
 
+@pytest.mark.parametrize("var, raw, says", [
+    ("CHEXNET_BENCH_BATCHES", "\u0665", "is not a number (int, ASCII digits)"),   # Arabic-Indic 5
+    ("CHEXNET_WORKERS", "１２", "is not a number (int, ASCII digits)"),            # full-width 12
+    ("CHEXNET_WORKERS", "1000000", "is more than this setting allows (4,096)"),
+    ("CHEXNET_ACCEL_MS", "1e300", "is more than this setting allows (100,000)"),
+    ("CHEXNET_COMM_MAX_MB", "1e9", "is more than this setting allows"),
+    ("CHEXNET_EPOCHS", "99999999", "is more than this setting allows (10,000)"),
+])
+def test_settings_are_ascii_and_bounded_naming_the_variable(var, raw, says):
+    """Review N6: a value Python would read from other digits, or far over any real run, is
+    refused where it is read, naming the variable, not in engines far away."""
+    with pytest.raises(ValueError) as info:
+        config.with_overrides(config.SCALES["ci"], {var: raw})
+    assert str(info.value).startswith(f"{var}={raw!r} {says}")
+    assert config.with_overrides(config.SCALES["ci"], {"CHEXNET_WORKERS": "4096"}).max_workers \
+        == 4096
+
+
 @pytest.mark.parametrize("raw", ["twenty", "nan", "inf", "0", "-5"])
 def test_a_bad_test_budget_is_refused_before_the_run(raw):
     with pytest.raises(ValueError) as info:

@@ -207,6 +207,32 @@ def test_horovod_build_uses_the_environments_cmake():
     assert 'HOROVOD_CMAKE="$BIN_DIR/cmake"' in build[0] and 'PATH="$BIN_DIR:$PATH"' in build[0]
 
 
+def test_horovod_sdist_download_builds_no_isolated_environment():
+    """Review N5: ``pip download`` of Horovod's sdist prepares its metadata with this
+    environment's hashed setuptools, never in an isolated build environment filled from the
+    index without hash checks."""
+    text = (SCRIPTS / "setup.sh").read_text()
+    commands = re.sub(r"\\\n\s*", " ", text).splitlines()
+    download = [c for c in commands if '"${PIP[@]}" download' in c]
+    assert len(download) == 1 and "--no-build-isolation" in download[0], download
+    assert "--require-hashes" in download[0]
+
+
+def test_make_lint_and_the_lab_hint_in_a_checkout_path_with_a_space(tmp_path):
+    """Review N7: every command of ``make lint`` names the venv's tools with the checkout's
+    path whole, and ``make lab PRIVATE=1`` quotes the socket path in its ssh hint."""
+    checkout = tmp_path / "a b"
+    checkout.mkdir()
+    (checkout / "Makefile").write_text((ROOT / "Makefile").read_text())
+    out = subprocess.run(["make", "-n", "lint"], cwd=checkout, capture_output=True, text=True,
+                         check=True).stdout
+    tools = [line for line in out.splitlines() if ".venv/bin/" in line]
+    assert len(tools) == 3 and all(f'"{checkout}/.venv/bin/' in line for line in tools), out
+    lab = subprocess.run(["make", "-n", "lab", "PRIVATE=1"], cwd=checkout, capture_output=True,
+                         text=True, check=True).stdout
+    assert "ssh -L '8888:$sock'" in lab, lab
+
+
 def test_ci_runs_fresh_check_after_the_tests():
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     stages = [(i, line) for i, line in enumerate(lines) if line.startswith("stage ")]

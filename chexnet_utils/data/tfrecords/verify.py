@@ -27,7 +27,8 @@ from PIL import Image
 
 from chexnet_utils.data.labels import NUM_CLASSES
 from chexnet_utils.data.nih import NIHDataset
-from chexnet_utils.data.tfrecords.wire import read_examples
+from chexnet_utils.data.tfrecords.images import check_pixels
+from chexnet_utils.data.tfrecords.wire import check_framing, read_examples
 
 __all__ = [
     "MANIFEST_NAME",
@@ -95,12 +96,31 @@ def load_manifest(tfrecords_dir: Path | str) -> dict[str, Any]:
     return manifest
 
 
+_FRAMED: set[tuple[str, int, int]] = set()
+"""Shards whose framing this process has checked: (path, size, mtime in ns)."""
+
+
+def checked_framing(shards: Iterable[Path]) -> None:
+    """:func:`~chexnet_utils.data.tfrecords.wire.check_framing` on each shard, once per
+    process for an unchanged file; raises its ``ShardFramingError`` (one line: the file and
+    the byte offset) before TensorFlow could crash on the file."""
+    for p in shards:
+        st = p.stat()
+        key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in _FRAMED:
+            check_framing(p)
+            _FRAMED.add(key)
+
+
 def list_shards(tfrecords_dir: Path | str, split: str) -> list[Path]:
-    """The shard files of one split, sorted; ``[]`` when the split has none.
+    """The shard files of one split, sorted; ``[]`` when the split has none. Their record
+    framing is checked first (:func:`checked_framing`): a crafted length would make
+    TensorFlow's reader crash the process.
 
     Raises :class:`ValueError` when the files found are not one complete set
     (``-00000-of-N`` .. ``-(N-1)-of-N``): a conversion still running, interrupted, or left
-    over from different parameters.
+    over from different parameters; ``ShardFramingError`` (a ``ValueError``) for a shard
+    whose framing is broken.
     """
     root = Path(tfrecords_dir)
     if not root.is_dir():
@@ -118,7 +138,9 @@ def list_shards(tfrecords_dir: Path | str, split: str) -> list[Path]:
         raise ValueError(
             f"{root}: the {split} shards are not one complete set ({len(found)} file(s), "
             f"declared totals {sorted(totals)}); finish or redo the conversion")
-    return [p for _, _, p in sorted(found)]
+    shards = [p for _, _, p in sorted(found)]
+    checked_framing(shards)
+    return shards
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,13 +217,18 @@ def _check_plan(root: Path, manifest: dict[str, Any], problems: list[str]) -> No
 
 
 def _decode_problem(shard: str, ex: dict[str, Any]) -> str | None:
-    """Why the stored image of record ``ex`` does not decode to its recorded size, if so."""
+    """Why the stored image of record ``ex`` does not decode to its recorded size, if so. An
+    image over the converter's pixel limit is a problem found before it is decoded (a
+    decompression bomb: a few hundred kB on disk, gigabytes decoded)."""
     try:
         with Image.open(io.BytesIO(ex["image_bytes"])) as im:
+            check_pixels(*im.size)
             im.load()
             if im.size != (ex["width"], ex["height"]):
                 return (f"{shard}: {ex['name']} is {im.size}, "
                         f"recorded {ex['width']}x{ex['height']}")
+    except Image.DecompressionBombError as e:
+        return f"{shard}: {ex['name']} is too large to decode: {e}"
     except Exception as e:  # noqa: BLE001
         return f"{shard}: {ex['name']} does not decode: {e}"
     return None

@@ -32,11 +32,13 @@ from chexnet_utils.data.labels import NUM_CLASSES
 __all__ = [
     "CRC32C_IMPLEMENTATION",
     "BytesList",
+    "ShardFramingError",
     "Example",
     "Feature",
     "Features",
     "FloatList",
     "Int64List",
+    "check_framing",
     "crc32c",
     "decode_example",
     "encode_example",
@@ -77,12 +79,34 @@ def frame_record(data: bytes) -> bytes:
 
 
 
+class ShardFramingError(ValueError):
+    """A TFRecord file whose framing is broken (a truncated record, a corrupt length, a
+    length longer than the file): the message names the file and the byte offset."""
+
+
+def _record_length(header: bytes, path: Path, offset: int, size: int, check_crc: bool) -> int:
+    """The data length a 12-byte record header announces, checked: its masked CRC, and that
+    the record (length + 16 bytes of framing) fits in the ``size - offset`` bytes left."""
+    if len(header) < 12:
+        raise ShardFramingError(f"{path}: truncated record header at byte {offset}")
+    (length,) = struct.unpack("<Q", header[:8])
+    (len_crc,) = struct.unpack("<I", header[8:])
+    if check_crc and len_crc != masked_crc32c(header[:8]):
+        raise ShardFramingError(f"{path}: corrupt record length at byte {offset}")
+    if length > size - offset - 16:
+        raise ShardFramingError(f"{path}: truncated record at byte {offset} (its length field "
+                                f"says {length} bytes, the file has "
+                                f"{max(0, size - offset - 16)} left)")
+    return length
+
+
 def read_records(path: str | os.PathLike[str], check_crc: bool = True) -> Iterator[bytes]:
     """Yield the records of a TFRecord file (uncompressed), checking both CRCs.
 
-    Raises :class:`ValueError` naming the file and the byte offset on a truncated record, a
-    CRC mismatch, or a length longer than what is left of the file (checked before anything
-    is read into memory: a crafted length cannot ask for more than the file holds).
+    Raises :class:`ShardFramingError` (a ``ValueError``) naming the file and the byte offset on
+    a truncated record, a CRC mismatch, or a length longer than what is left of the file
+    (checked before anything is read into memory: a crafted length cannot ask for more than
+    the file holds).
     """
     path = Path(path)
     with path.open("rb") as f:
@@ -92,24 +116,37 @@ def read_records(path: str | os.PathLike[str], check_crc: bool = True) -> Iterat
             header = f.read(12)
             if not header:
                 return
-            if len(header) < 12:
-                raise ValueError(f"{path}: truncated record header at byte {offset}")
-            (length,) = struct.unpack("<Q", header[:8])
-            (len_crc,) = struct.unpack("<I", header[8:])
-            if check_crc and len_crc != masked_crc32c(header[:8]):
-                raise ValueError(f"{path}: corrupt record length at byte {offset}")
-            if length > size - offset - 16:
-                raise ValueError(f"{path}: truncated record at byte {offset} (its length "
-                                 f"field says {length} bytes, the file has "
-                                 f"{max(0, size - offset - 16)} left)")
+            length = _record_length(header, path, offset, size, check_crc)
             data = f.read(length)
             footer = f.read(4)
             if len(data) < length or len(footer) < 4:
-                raise ValueError(f"{path}: truncated record at byte {offset}")
+                raise ShardFramingError(f"{path}: truncated record at byte {offset}")
             if check_crc and struct.unpack("<I", footer)[0] != masked_crc32c(data):
-                raise ValueError(f"{path}: data CRC mismatch in record at byte {offset}")
+                raise ShardFramingError(f"{path}: data CRC mismatch in record at byte {offset}")
             offset += 16 + length
             yield data
+
+
+def check_framing(path: str | os.PathLike[str]) -> int:
+    """Walk a TFRecord file's record headers without reading the data; the record count.
+
+    Each length must carry its masked CRC and fit in the bytes left of the file. TensorFlow's
+    reader trusts the length field: ``tf.data.TFRecordDataset`` on a shard whose first length
+    is 2**62 with a valid CRC kills the process with signal 11 (TensorFlow 2.21, measured), a
+    notebook's kernel or a whole MPI job with no message. Every pipeline's file list passes
+    through here first (:func:`chexnet_utils.data.tfrecords.verify.list_shards`): 12 bytes
+    read per record, milliseconds for a shard. Raises :class:`ShardFramingError` naming the
+    file and the byte offset; the data CRCs are :func:`read_records`' (``verify``).
+    """
+    path = Path(path)
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        offset = count = 0
+        while offset < size:
+            f.seek(offset)
+            offset += 16 + _record_length(f.read(12), path, offset, size, check_crc=True)
+            count += 1
+    return count
 
 
 # --------------------------------------------------------------------------------------------
