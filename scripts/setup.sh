@@ -268,8 +268,8 @@ fetch_patched_sdist() {
     # --no-build-isolation: pip prepares the sdist's metadata in this environment (its hashed
     # setuptools), never in an isolated one it would fill from the index without hash checks
     # (pip #11974; pip 25.3 drops the legacy path that avoids it today)
-    "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation --require-hashes \
-      -d "$sdist_dir" -r requirements/horovod.txt ||
+    "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation \
+      --require-hashes -d "$sdist_dir" -r requirements/horovod.txt ||
       die "could not download Horovod's source ($HVD_SPEC, sha256 $HVD_SHA256) from the package index"
   fi
   bash scripts/digests.sh unpack-sdist "$tarball" "$HVD_SHA256" "$dest" || exit 1
