@@ -23,7 +23,7 @@ export MPLBACKEND ?= Agg
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
 	@echo "make test       set up, run tests/ on 2 parallel workers, then every notebook under nbval alone"
-	@echo "make lab        set up and start JupyterLab with the project kernel (PRIVATE=1: in a network namespace of your own)"
+	@echo "make lab        set up and start JupyterLab with the project kernel, in a network namespace of your own (PRIVATE=1: on a Unix socket for ssh -L)"
 	@echo "make browser-check  every notebook in headless Chromium, a learner's session (run, interrupt, restart, sidebar) -> $(BUILD)/browser/*.png"
 	@echo "make lint       ruff, the import layers (import-linter) and mypy; make test runs it first"
 	@echo "make setup      only the environment (idempotent)"
@@ -52,6 +52,12 @@ setup:
 #      under xdist). Its closing table adds stage 1's wall time (handed over in a temporary
 #      file) and judges the total against the 15-minute budget.
 TEST_WORKERS ?= 2
+# PRIVATE_NET: run a command in a network namespace of this user's own with only loopback up
+# (python -m chexnet_utils.platform.exposure private; no root needed): the tf.data service and
+# the MultiWorkerMirroredStrategy server, which run any graph a client sends, start only there
+# (or with CHEXNET_ALLOW_SHARED_HOST=1), and mpiexec's listener on "every interface" is on that
+# namespace's only. make test, make tutorial, make notebooks, make mpi and make lab use it.
+PRIVATE_NET = "$(PY)" -m chexnet_utils.platform.exposure private --
 # make lint (make test's first step, about ten seconds): ruff (pycodestyle, pyflakes, bugbear,
 # complexity, import order, no private imports across modules: [tool.ruff] in pyproject.toml),
 # import-linter (the package's layers, function-local imports included:
@@ -64,9 +70,10 @@ lint: setup
 
 test: setup lint
 	@times=$$(mktemp); trap 'rm -f "$$times"' EXIT; rc=0; \
-	CHEXNET_TEST_TIMES="$$times" "$(PY)" -m pytest tests -n $(TEST_WORKERS) --dist loadscope \
-	  --durations=25 $(PYTEST_ARGS) || rc=$$?; \
-	CHEXNET_TEST_TIMES="$$times" "$(PY)" -m pytest $(NOTEBOOKS) --nbval-lax --nbval-current-env \
+	CHEXNET_TEST_TIMES="$$times" $(PRIVATE_NET) "$(PY)" -m pytest tests -n $(TEST_WORKERS) \
+	  --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \
+	CHEXNET_TEST_TIMES="$$times" $(PRIVATE_NET) "$(PY)" -m pytest $(NOTEBOOKS) --nbval-lax \
+	  --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=0 $(PYTEST_ARGS) || rc=$$?; \
 	if [ "$$rc" != 0 ]; then echo "make test: FAILED (a stage above failed; exit $$rc)"; fi; \
 	exit $$rc
@@ -81,17 +88,17 @@ tf: setup
 	"$(PY)" -m pytest tests/tf $(PYTEST_ARGS)
 
 mpi: setup
-	"$(PY)" -m pytest tests/mpi $(PYTEST_ARGS)
+	$(PRIVATE_NET) "$(PY)" -m pytest tests/mpi $(PYTEST_ARGS)
 
 notebooks: setup
-	"$(PY)" -m pytest $(NOTEBOOKS) --nbval-lax --nbval-current-env \
+	$(PRIVATE_NET) "$(PY)" -m pytest $(NOTEBOOKS) --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=0 $(PYTEST_ARGS)
 
 data: setup
 	"$(PY)" -m chexnet_utils data
 
 tutorial: setup data
-	"$(PY)" -m chexnet_utils tutorial --out "$(BUILD)" $(NOTEBOOKS)
+	$(PRIVATE_NET) "$(PY)" -m chexnet_utils tutorial --out "$(BUILD)" $(NOTEBOOKS)
 
 # Benchmarks (numbers for docs/benchmarks.md): the data set's full-size TFRecords, converted
 # once by the same code the notebooks use (build/tfrecords-full), then
@@ -108,7 +115,7 @@ bench: setup data
 	  "$$("$(PY)" -c 'from chexnet_utils.config import data_dir; print(data_dir())')"
 	"$(PY)" -m chexnet_utils bench pipelines --tfrecords "$(BUILD)/tfrecords-full" \
 	  --emulate-accelerator 100 --json "$(BUILD)/bench-pipelines.json"
-	"$(PY)" -m chexnet_utils bench service --json "$(BUILD)/bench-service.json"
+	$(PRIVATE_NET) "$(PY)" -m chexnet_utils bench service --json "$(BUILD)/bench-service.json"
 	"$(PY)" -m chexnet_utils bench scaling --workers $(BENCH_WORKERS) --emulate-accelerator 20 \
 	  --tfrecords "$(BUILD)/tfrecords-full" --json "$(BUILD)/bench-scaling.json"
 
@@ -132,26 +139,32 @@ bench-preset: setup data
 	  --keys cache_speedup tfdata_img_per_s service_over_local --json "$(BUILD)/bench-preset-07.json"
 PRESET_BATCHES ?= $(shell "$(PY)" -c 'from chexnet_utils.config import SCALES; print(SCALES["ci"].bench_batches)' 2>/dev/null)
 
-# JupyterLab on 127.0.0.1 offering only the project kernel, with ipyparallel's sidebar
-# (chexnet_utils/lab.py); extra options through LAB_ARGS, e.g. LAB_ARGS="--port 8801".
-# PRIVATE=1 (a shared host): the lab and everything it starts (kernels, MPI engines and
-# mpiexec, the tf.data service) in a network namespace of your own, made without root
-# (python -m chexnet_utils.platform.exposure private), so no other account or host can reach any of
-# it; JupyterLab then listens on a Unix socket (mode 0600; LAB_SOCKET, default
-# $(BUILD)/lab.sock), reached with ssh -L 8888:<socket> you@host, then the
+# JupyterLab offering only the project kernel, with ipyparallel's sidebar (chexnet_utils/lab.py),
+# in a network namespace of your own made without root, with everything it starts (kernels,
+# MPI engines and mpiexec, the tf.data service, the MultiWorkerMirroredStrategy server), so no
+# other account or host can reach any of it; JupyterLab listens there on a Unix socket and
+# http://127.0.0.1:8888/lab?token=... (printed) is forwarded to it (the next free port when
+# 8888 is taken; LAB_ARGS="--port 8801" to choose). Extra options through LAB_ARGS.
+# PRIVATE=1 (a remote host): the same namespace, JupyterLab on a Unix socket only (mode 0600;
+# LAB_SOCKET, default $(BUILD)/lab.sock), reached with ssh -L 8888:<socket> you@host, then the
 # http://127.0.0.1:8888/lab?token=... it prints (the host part of its URL aside).
+# LAB_NETWORK=host: the lab in the host's network (the two servers above then refuse to start
+# unless CHEXNET_ALLOW_SHARED_HOST=1).
 LAB_ARGS ?=
 PRIVATE ?=
 LAB_SOCKET ?=
+LAB_NETWORK ?= private
 lab: setup
 ifeq ($(PRIVATE),1)
 	mkdir -p "$(BUILD)"
 	sock="$(LAB_SOCKET)"; [ -n "$$sock" ] || sock="$$(cd "$(BUILD)" && pwd)/lab.sock"; \
 	echo "JupyterLab on $$sock: from your laptop, ssh -L '8888:$$sock' $$USER@$$(hostname)"; \
-	exec "$(PY)" -m chexnet_utils.platform.exposure private -- "$(PY)" -m chexnet_utils.lab \
+	exec $(PRIVATE_NET) "$(PY)" -m chexnet_utils.lab \
 	  --notebook-dir=notebooks --ServerApp.sock="$$sock" $(LAB_ARGS)
-else
+else ifeq ($(LAB_NETWORK),host)
 	"$(PY)" -m chexnet_utils.lab --notebook-dir=notebooks $(LAB_ARGS)
+else
+	"$(PY)" -m chexnet_utils.lab --private --notebook-dir=notebooks $(LAB_ARGS)
 endif
 
 # The same JupyterLab headless; Chromium opens each notebook, checks its title and kernel,

@@ -158,6 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--private" in args:
+        args.remove("--private")
+        return run_private(args)
     root = "notebooks"
     for i, arg in enumerate(args):
         if arg.startswith("--notebook-dir="):
@@ -190,6 +193,63 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\ninterrupted by {interruption(e)}: JupyterLab and its kernels stopped",
                   file=sys.stderr, flush=True)
             return exit_status(e)
+
+
+def _pop_port(args: list[str], default: int) -> int:
+    """Take ``--port N`` / ``--port=N`` out of ``args`` (the forwarder's port in private mode)."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--port="):
+            return int(args.pop(i).split("=", 1)[1])
+        if arg == "--port" and i + 1 < len(args):
+            port = int(args[i + 1])
+            del args[i:i + 2]
+            return port
+    return int(os.environ.get("JUPYTER_PORT", default))
+
+
+def run_private(args: list[str], port: int | None = None) -> int:
+    """``make lab``'s default: the lab, and every kernel, cluster and server it starts, in a
+    network namespace of the learner's own (:mod:`chexnet_utils.platform.exposure`), JupyterLab
+    on a Unix socket there, and ``127.0.0.1:PORT`` (``--port``, default 8888, the next free
+    one when taken) forwarded to it from this namespace (:class:`~chexnet_utils.platform.forward.
+    UnixForwarder`), so the browser opens the usual URL. The token is made here and handed to
+    Jupyter in its environment. Returns the lab's exit status."""
+    import secrets
+    import shutil
+    import tempfile
+
+    from chexnet_utils.platform.exposure import private_network_command
+    from chexnet_utils.platform.forward import UnixForwarder
+    from chexnet_utils.platform.processes import command_lifetime, exit_status, stop_processes
+
+    wanted = _pop_port(args, 8888) if port is None else port
+    folder = tempfile.mkdtemp(prefix="chexnet-lab-")  # mode 0700: the socket's folder
+    sock = os.path.join(folder, "lab.sock")
+    token = secrets.token_hex(24)
+    forwarder = UnixForwarder(sock, LOOPBACK, wanted)
+    try:
+        try:
+            forwarder.start()
+        except OSError:  # the port is taken: a free one
+            forwarder = UnixForwarder(sock, LOOPBACK, 0).start()
+        inner = private_network_command([sys.executable, "-m", "chexnet_utils.lab", *args,
+                                         f"--ServerApp.sock={sock}", "--no-browser"])
+        print(f"JupyterLab in a network namespace of your own (nothing it starts is reachable "
+              f"by another account or host): http://{LOOPBACK}:{forwarder.port}/lab?token="
+              f"{token}", flush=True)
+        with command_lifetime():
+            server = None
+            try:
+                server = subprocess.Popen(inner, env={**os.environ, "JUPYTER_TOKEN": token})
+                rc = server.wait()
+                return 128 - rc if rc < 0 else rc
+            except KeyboardInterrupt as e:
+                if server is not None:
+                    stop_processes([server], SHUTDOWN_WAIT_S + 20)
+                return exit_status(e)
+    finally:
+        forwarder.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,23 @@ The tf.data service (``DispatchServer``, ``WorkerServer``) and the gRPC server o
 ``MultiWorkerMirroredStrategy`` accept any graph a client sends, without authentication,
 and TensorFlow graphs can read and write files ("TensorFlow itself is not a sandbox":
 TensorFlow's ``SECURITY.md``). They listen on ``[::]`` (TensorFlow 2.21 offers no bind
-address), and loopback is reachable by every account on the host. So before one is started,
-:func:`require_private_network` decides whether anybody else could reach it:
+address), and loopback is reachable by every account on the host, every other interface by
+every host on its network. So :func:`require_private_network` **fails closed**: such a server
+starts only
 
-- in a **private network namespace** (this process's differs from the one pid 1 is in, or
-  this process runs in a user namespace of its own), nobody outside the namespace can;
-- on a host where **no other account runs a process** (a laptop, a container, a VM of one's
-  own, a CI machine), nobody else is there to;
-- otherwise (a shared workshop host) it raises :class:`SharedHostError`, naming the accounts
-  seen and the ways out: a per-learner VM or container, a private network namespace, or the
-  explicit opt-in ``CHEXNET_ALLOW_SHARED_HOST=1`` for a facilitator who has made the host
-  safe.
+- inside a **network namespace this project made** (``exposure private``, below: ``make lab``,
+  ``make tutorial`` and ``make test`` run the notebooks there), recognised by what cannot be
+  faked from outside: the namespace's inode, recorded in ``CHEXNET_PRIVATE_NETNS`` by the
+  process that made it, must be this process's namespace, and no interface but ``lo`` may be
+  up in it (nobody else can join a namespace made through a user namespace of one's own, and
+  with only loopback nothing reaches in);
+- or with the explicit opt-in ``CHEXNET_ALLOW_SHARED_HOST=1``, whose line says what it means:
+  other accounts and hosts can run graphs as you here.
+
+Nothing else counts: not who else seems logged in (``/proc`` may hide them, their uids may be
+outside any range, they may log in after the check), not a user namespace without a network
+namespace of its own (Apptainer's default, rootless containers on the host network), not a
+pid namespace. The refusal is one line saying what to do.
 
 **A private network namespace without root** (:func:`private_network_command`; ``make lab
 PRIVATE=1``): ``python -m chexnet_utils.platform.exposure private -- CMD ...`` runs ``CMD`` in a
@@ -31,50 +37,22 @@ files it writes belong to the real user.
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 ALLOW_ENV = "CHEXNET_ALLOW_SHARED_HOST"
-"""``1``: start unauthenticated servers even where other accounts run processes."""
-
-_UID_MIN_DEFAULT = 1000
+"""``1``: start unauthenticated servers outside a private network namespace, knowing that
+other accounts and hosts can run graphs as you there."""
 
 
 class SharedHostError(RuntimeError):
     """An unauthenticated server would be reachable by other accounts on this host."""
 
 
-def uid_min(login_defs: Path = Path("/etc/login.defs")) -> int:
-    """The smallest uid of a person's account (``UID_MIN`` of ``login.defs``, else 1000)."""
-    try:
-        for line in login_defs.read_text(encoding="utf-8", errors="replace").splitlines():
-            fields = line.split()
-            if len(fields) >= 2 and fields[0] == "UID_MIN" and fields[1].isdigit():
-                return int(fields[1])
-    except OSError:
-        pass
-    return _UID_MIN_DEFAULT
-
-
-def other_accounts_running(proc: Path = Path("/proc"), me: int | None = None) -> dict[int, int]:
-    """``{uid: processes}`` of the people's accounts (uid >= ``UID_MIN``, not ``nobody``)
-    other than this one that have a process running now."""
-    me = os.getuid() if me is None else me
-    floor = uid_min()
-    counts: dict[int, int] = {}
-    for entry in proc.iterdir() if proc.is_dir() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            uid = entry.stat().st_uid
-        except OSError:          # gone meanwhile
-            continue
-        if uid != me and floor <= uid < 65534:
-            counts[uid] = counts.get(uid, 0) + 1
-    return counts
+PRIVATE_NETNS_ENV = "CHEXNET_PRIVATE_NETNS"
+"""Set by ``exposure inside`` (the first process in the namespace ``exposure private`` makes):
+that namespace, as ``/proc/self/ns/net`` names it (``net:[inode]``)."""
 
 
 def _net_namespace(pid: int | str) -> str:
@@ -83,98 +61,92 @@ def _net_namespace(pid: int | str) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 
 
-def _parent(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rfind(")") + 2:].split()[1])
+def interfaces_up() -> list[str]:
+    """The names of this network namespace's interfaces that are up (``SIOCGIFFLAGS`` on each
+    one ``if_nameindex`` lists: both ask the kernel about this process's namespace, unlike
+    ``/sys/class/net``, which shows the namespace the sysfs mount was made in)."""
+    import fcntl
+    import socket
+    import struct
+
+    up = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("16sH14s", name.encode()[:15], 0, b"")
+            try:
+                flags = struct.unpack("16sH14s", fcntl.ioctl(s, _SIOCGIFFLAGS, request))[1]
+            except OSError:
+                continue  # gone meanwhile
+            if flags & _IFF_UP:
+                up.append(name)
+    return up
 
 
-def in_private_network_namespace() -> bool:
-    """True where this process's network namespace is not the host's: it differs from pid
-    1's, or (where pid 1's may not be read, as in some sandboxes) from that of one of this
-    process's ancestors (it was moved into a namespace of its own, by ``unshare --net`` or
-    ``ip netns exec``), or this process is in a user namespace of its own (a namespace made
-    without root with ``unshare --user --net``). Other accounts cannot enter a namespace
-    made this way (that takes ``CAP_SYS_ADMIN`` over it)."""
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def private_namespace() -> str | None:
+    """``net:[inode]`` when this process is in a network namespace ``exposure private`` made
+    and nothing but ``lo`` is up in it; ``None`` otherwise (see the module docstring)."""
+    recorded = os.environ.get(PRIVATE_NETNS_ENV)
+    if not recorded:
+        return None
     try:
-        mine = _net_namespace("self")
+        current = _net_namespace("self")
     except OSError:
-        return False
-    try:
-        return mine != _net_namespace(1)
-    except OSError:
-        pass
-    try:
-        first = Path("/proc/self/uid_map").read_text().split()
-        if first[:3] != ["0", "0", "4294967295"]:
-            return True
-    except OSError:
-        pass
-    pid = os.getppid()
-    while pid > 1:
-        try:
-            if _net_namespace(pid) != mine:
-                return True
-            pid = _parent(pid)
-        except (OSError, ValueError, IndexError):
-            break
-    return False
-
-
-def _account(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+        return None
+    if current != recorded or any(name != "lo" for name in interfaces_up()):
+        return None
+    return current
 
 
 def who_can_reach(service: str) -> tuple[str, bool]:
     """One line saying who could reach a ``service`` listening on every interface if it
-    started now, and whether other accounts could (True on a shared host outside a private
-    network namespace). For listeners this collection cannot move or authenticate but that do
-    not run arbitrary graphs either (``mpiexec``'s out-of-band listener): they start, and the
-    line says what :func:`require_private_network` would have refused."""
-    if in_private_network_namespace():
-        return f"{service}: in a private network namespace, reachable from inside it only", False
-    others = other_accounts_running()
-    if not others:
-        return f"{service}: no other account runs a process on this host", False
-    names = ", ".join(f"{_account(uid)} ({n} processes)" for uid, n in sorted(others.items()))
-    return (f"{service}: open on every interface, and other accounts run processes here "
-            f"({names}); to keep them out, run the notebooks in a network namespace of your own "
-            f"(make lab PRIVATE=1) or a VM or container of your own "
-            f"(docs/facilitator.md, 'Shared hosts')"), True
+    started now, and whether anybody else could (True outside a private namespace of this
+    project's). For listeners this project cannot move or authenticate but that run no graphs
+    (``mpiexec``'s out-of-band listener): they start, and the line says so."""
+    namespace = private_namespace()
+    if namespace:
+        return (f"{service}: in this project's private network namespace {namespace} (only "
+                "lo up), reachable from inside it only"), False
+    return (f"{service}: on every interface of this host's network: other accounts and hosts "
+            "can connect to it (make lab, make tutorial and make test run the notebooks in a "
+            "private network namespace; docs/facilitator.md, 'Shared hosts')"), True
 
 
 def announce_reach(service: str, prefix: str) -> str:
     """:func:`who_can_reach` for a listener that starts anyway (``mpiexec``'s out-of-band
     listener is on every interface whatever ``oob_tcp_if_include`` says: Open MPI 4.1,
     ``orte/mca/oob/tcp/oob_tcp_listener.c``): the line is returned, and printed on stderr
-    where other accounts could reach it."""
+    (once per process) where others could reach it."""
     line, shared = who_can_reach(service)
-    if shared:
+    if shared and service not in _ANNOUNCED:
+        _ANNOUNCED.add(service)
         print(f"{prefix} {line}", file=sys.stderr, flush=True)
     return line
 
 
+_ANNOUNCED: set[str] = set()
+
+
 def require_private_network(service: str) -> str:
-    """Check that an unauthenticated ``service`` started now is reachable by this account
-    only; return why (one line, for the notebook to print), or raise
-    :class:`SharedHostError` saying why not and what to do."""
-    if in_private_network_namespace():
-        return f"{service}: in a private network namespace, reachable from inside it only"
-    others = other_accounts_running()
-    if not others:
-        return f"{service}: no other account runs a process on this host"
+    """Check that an unauthenticated ``service`` started now is reachable from this private
+    network namespace only, or that the learner opted in; return why (one line, for the
+    notebook to print), or raise :class:`SharedHostError` saying what to do."""
+    namespace = private_namespace()
+    if namespace:
+        return (f"{service}: in this project's private network namespace {namespace} (only lo "
+                "up), reachable from inside it only")
     if os.environ.get(ALLOW_ENV) == "1":
-        return (f"{service}: other accounts run processes here, started anyway "
-                f"({ALLOW_ENV}=1: the facilitator has firewalled this host)")
-    names = ", ".join(f"{_account(uid)} ({n} processes)" for uid, n in sorted(others.items()))
+        return (f"{service}: started outside a private network namespace ({ALLOW_ENV}=1): "
+                f"other accounts and hosts can run graphs as you here")
     raise SharedHostError(
-        f"refusing to start the {service}: it runs any TensorFlow graph a client sends, "
-        f"without authentication, and other accounts on this host ({names}) could reach it "
-        f"(loopback too). Run the notebooks in a VM or container of your own, or in a network "
-        f"namespace of your own (make lab PRIVATE=1), or, if the facilitator has made this "
-        f"host safe, set {ALLOW_ENV}=1 (docs/facilitator.md, 'Shared hosts').")
+        f"refusing to start the {service}: it runs any TensorFlow graph a client sends, without "
+        f"authentication, on every interface, and outside a private network namespace other "
+        f"accounts and hosts can reach it; run the notebooks with make lab or make tutorial "
+        f"(private), this command under python -m chexnet_utils.platform.exposure private -- "
+        f"COMMAND, or set {ALLOW_ENV}=1 to accept that other accounts and hosts can run graphs "
+        f"as you here")
 
 
 def private_network_command(argv: Sequence[str]) -> list[str]:
@@ -196,11 +168,10 @@ def bring_loopback_up() -> None:
     import socket
     import struct
 
-    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         request = struct.pack("16sH14s", b"lo", 0, b"")
-        flags = struct.unpack("16sH14s", fcntl.ioctl(s, siocgifflags, request))[1]
-        fcntl.ioctl(s, siocsifflags, struct.pack("16sH14s", b"lo", flags | iff_up, b""))
+        flags = struct.unpack("16sH14s", fcntl.ioctl(s, _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | _IFF_UP, b""))
 
 
 _NO_NAMESPACE_HINT = (
@@ -231,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"({e.strerror}): {_NO_NAMESPACE_HINT}", file=sys.stderr)
             return 1
         try:
+            os.environ[PRIVATE_NETNS_ENV] = _net_namespace("self")  # what the gate recognises
             os.execvp(command[0], command)
         except OSError as e:
             print(f"error: {command[0]}: {e.strerror}", file=sys.stderr)

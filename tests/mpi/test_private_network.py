@@ -1,9 +1,11 @@
-"""#30 item 1: in a network namespace of the learner's own (``make lab PRIVATE=1``, made
-without root), the servers a notebook starts are out of every other account's and host's
-reach: an MPI cluster (whose ``mpiexec`` listens on every interface of its namespace) and the
-tf.data service (unauthenticated, on ``[::]``) started inside are not listening in the host's
-namespace, and another account's connections to their ports are refused (``ss -ltnp`` and
-``connect`` from outside)."""
+"""#30 item 1, #46 items 1-2: in a network namespace of the learner's own (``make lab``,
+``make tutorial``, ``make test``; made without root), the servers a notebook starts are out of
+every other account's and host's reach: an MPI cluster (whose ``mpiexec`` listens on every
+interface of its namespace), the tf.data service and the MultiWorkerMirroredStrategy server
+(unauthenticated, on ``[::]``) started inside are not listening in the namespace outside, and
+another account's connections to their ports are refused (``ss -ltnp`` and ``connect`` from
+outside): the security review's experiment e (another account reading root's files through
+root's service) cannot connect."""
 
 from __future__ import annotations
 
@@ -34,15 +36,20 @@ OTHER_UID = 4242
 # waits for the test to look from outside before it stops both.
 INSIDE = r"""
 import json, subprocess, sys
+from chexnet_utils.bench import steptimer
 from chexnet_utils.cluster.distributed import MPICluster
 from chexnet_utils.input.tfdata_service import TFDataService
+from chexnet_utils.platform.ports import free_port
 from tests.support.listeners import ss_listeners
 
 with MPICluster(n=1) as cluster, TFDataService(num_workers=1) as svc:
+    mwms_port = free_port()
+    mwms = cluster.run(steptimer.mwms_setup_on_engine, [mwms_port])[0]  # first TF work there
     ranks = cluster.run(lambda: __import__("os").environ.get("OMPI_COMM_WORLD_RANK"))
     pids = sorted(cluster.pids() | set(svc.pids))
     print(json.dumps({"pids": pids, "ranks": ranks, "exposure": svc.exposure,
-                      "service_ports": svc.ports,
+                      "service_ports": svc.ports, "mwms_port": mwms_port,
+                      "mwms_exposure": mwms["exposure"],
                       "inside": [list(l) for l in ss_listeners(pids)]}), flush=True)
     sys.stdin.readline()          # the test has looked from outside
 """
@@ -115,6 +122,9 @@ def test_nobody_outside_a_private_namespace_reaches_its_cluster_or_tf_data_servi
     assert "mpiexec" in names and any(not lst.loopback for lst in inside if
                                       lst.name == "mpiexec")    # "every interface", inside
     assert set(seen["service_ports"]) <= {lst.port for lst in inside}
+    assert seen["mwms_port"] in {lst.port for lst in inside}   # the MWMS gRPC server
+    assert "private network namespace" in seen["mwms_exposure"]
+    assert seen["mwms_port"] in ports and set(seen["service_ports"]) <= set(ports)
     assert outside == []                   # none of them listens in the host's namespace
     assert ports and knock.returncode == 0, knock.stderr
     tried = json.loads(knock.stdout)
@@ -172,4 +182,53 @@ def test_make_lab_private_serves_jupyterlab_on_a_socket_only_its_user_can_open(t
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=60)
+    assert alive(tree) == []
+
+
+def test_make_lab_by_default_runs_the_lab_privately_behind_a_loopback_port():
+    """#46 item 1: ``make lab``'s default (``python -m chexnet_utils.lab --private``): the
+    browser's URL is ``http://127.0.0.1:PORT/lab?token=...`` as always, but JupyterLab and all
+    it starts run in a network namespace of the learner's own; here only this command's
+    forwarder listens (on loopback), the token is asked, SIGTERM leaves nothing."""
+    _namespace_or_skip()
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    plan = subprocess.run(["make", "-n", "lab", f"VENV={sys.prefix}"], cwd=repo,
+                          capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "-m chexnet_utils.lab --private" in plan
+    lab = subprocess.Popen([sys.executable, "-m", "chexnet_utils.lab", "--private",
+                            "--notebook-dir", os.path.join(repo, "notebooks"), "--port", "0"],
+                           cwd=repo, start_new_session=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+    try:
+        said = ""
+        while "token=" not in said:
+            said = lab.stdout.readline()
+            assert said, f"the lab ended early (exit {lab.wait(timeout=60)})"
+        url = said.split("http://", 1)[1].split()[0]
+        host_port, token = url.split("/lab?token=")
+        host, port = host_port.split(":")
+        status = None
+        for _ in range(240):
+            try:
+                conn = http.client.HTTPConnection(host, int(port), timeout=10)
+                conn.request("GET", f"/api/status?token={token}")
+                status = conn.getresponse().status
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert (host, status) == ("127.0.0.1", 200)
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", "/api/status")       # without the token
+        assert conn.getresponse().status == 403
+        tree = [lab.pid, *(p.pid for p in psutil.Process(lab.pid).children(recursive=True))]
+        listening = ss_listeners(tree)
+        assert [(lst.pid, lst.port, lst.loopback) for lst in listening] == \
+            [(lab.pid, int(port), True)], listening   # only the forwarder, on loopback
+        jupyter = [p for p in psutil.Process(lab.pid).children(recursive=True)
+                   if "jupyter" in " ".join(p.cmdline()) and "lab" in p.cmdline()]
+        here = os.readlink("/proc/self/ns/net")
+        assert jupyter and all(os.readlink(f"/proc/{p.pid}/ns/net") != here for p in jupyter)
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=90)
     assert alive(tree) == []

@@ -1,8 +1,15 @@
-"""#30 item 1: the unauthenticated servers (tf.data service, MultiWorkerMirroredStrategy) are
-started only where no other account can reach them, and refuse on a shared host."""
+"""#46 item 1: the unauthenticated servers (tf.data service, MultiWorkerMirroredStrategy) fail
+closed: they start only in a network namespace this project made (its inode recorded by the
+process that made it, nothing but ``lo`` up), or with an opt-in that says what it means. Every
+way past the earlier gate the security review measured (its table's cases a-f, other hosts,
+time of check vs use) is a test that expects the refusal; the cases that need another account,
+a mount or a namespace of their own run as root, on a host-like network (a namespace with an
+interface up besides ``lo``: ``make test`` itself runs in a private one)."""
 
 import os
+import shutil
 import subprocess
+import sys
 
 import psutil
 import pytest
@@ -10,117 +17,168 @@ import pytest
 from chexnet_utils.platform import exposure
 from chexnet_utils.platform.exposure import SharedHostError, require_private_network
 
-OTHER_UID = 4242  # a person's uid (>= UID_MIN) that no account here has
-
-
-def test_uid_min_is_read_from_login_defs(tmp_path):
-    defs = tmp_path / "login.defs"
-    defs.write_text("# comment\nUID_MIN\t\t 2000\nUID_MAX 60000\n")
-    assert exposure.uid_min(defs) == 2000
-    assert exposure.uid_min(tmp_path / "missing") == 1000
-
-
-def test_refuses_on_a_shared_host_and_says_how_to_opt_in(monkeypatch):
-    monkeypatch.setattr(exposure, "in_private_network_namespace", lambda: False)
-    monkeypatch.setattr(exposure, "other_accounts_running", lambda: {OTHER_UID: 3})
-    monkeypatch.delenv(exposure.ALLOW_ENV, raising=False)
-    with pytest.raises(SharedHostError) as e:
-        require_private_network("tf.data service")
-    message = str(e.value)
-    assert "refusing to start the tf.data service" in message
-    assert f"{OTHER_UID} (3 processes)" in message and "CHEXNET_ALLOW_SHARED_HOST=1" in message
-    assert "make lab PRIVATE=1" in message
-    monkeypatch.setenv(exposure.ALLOW_ENV, "1")
-    assert "started anyway" in require_private_network("tf.data service")
-
-
-def test_who_can_reach_a_listener_it_cannot_refuse(monkeypatch):
-    """mpiexec's listener cannot be moved off every interface (Open MPI 4.1): MPICluster
-    starts anyway and says who could reach it, with the way to keep them out."""
-    monkeypatch.setattr(exposure, "in_private_network_namespace", lambda: False)
-    monkeypatch.setattr(exposure, "other_accounts_running", lambda: {OTHER_UID: 2})
-    line, shared = exposure.who_can_reach("mpiexec's out-of-band listener")
-    assert shared and f"{OTHER_UID} (2 processes)" in line and "make lab PRIVATE=1" in line
-    monkeypatch.setattr(exposure, "other_accounts_running", lambda: {})
-    assert exposure.who_can_reach("x") == ("x: no other account runs a process on this host",
-                                           False)
-    monkeypatch.setattr(exposure, "in_private_network_namespace", lambda: True)
-    monkeypatch.setattr(exposure, "other_accounts_running", lambda: {OTHER_UID: 1})
-    line, shared = exposure.who_can_reach("x")
-    assert not shared and "private network namespace" in line
-
-
-def test_says_why_it_is_safe(monkeypatch):
-    monkeypatch.setattr(exposure, "in_private_network_namespace", lambda: False)
-    monkeypatch.setattr(exposure, "other_accounts_running", lambda: {})
-    assert "no other account" in require_private_network("x")
-    monkeypatch.setattr(exposure, "in_private_network_namespace", lambda: True)
-    monkeypatch.setattr(exposure, "other_accounts_running", lambda: {OTHER_UID: 1})
-    assert "private network namespace" in require_private_network("x")
+GATE = ("import sys\n"
+        "from chexnet_utils.platform.exposure import SharedHostError, require_private_network\n"
+        "try:\n    print(require_private_network('tf.data service'))\n"
+        "except SharedHostError as e:\n    print(e); sys.exit(3)\n")
+"""The gate in a fresh process: exit 3 and the refusal, or 0 and why it started."""
 
 
 @pytest.fixture
-def other_account_process():
-    """A process of another person's account on this host, for the test's length (root
-    only: it starts ``sleep`` as uid 4242); stopped and checked gone by pid."""
-    if os.geteuid() != 0:
-        pytest.skip("starting a process as another account needs root")
-    if exposure.in_private_network_namespace():
-        pytest.skip("this test runs in a private network namespace: nothing to refuse")
-    proc = subprocess.Popen(["sleep", "120"], user=OTHER_UID, group=OTHER_UID,
-                            stdin=subprocess.DEVNULL)
+def outside(monkeypatch):
+    """This process as if outside any private namespace, without the opt-in."""
+    monkeypatch.delenv(exposure.PRIVATE_NETNS_ENV, raising=False)
+    monkeypatch.delenv(exposure.ALLOW_ENV, raising=False)
+
+
+def test_refuses_outside_a_private_namespace_in_one_line_saying_what_to_do(outside):
+    with pytest.raises(SharedHostError) as e:
+        require_private_network("tf.data service")
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("refusing to start the tf.data service")
+    for way in ("make lab or make tutorial", "exposure private -- COMMAND",
+                "CHEXNET_ALLOW_SHARED_HOST=1 to accept that other accounts and hosts can run "
+                "graphs as you here"):
+        assert way in message
+
+
+def test_the_opt_in_says_what_it_means(outside, monkeypatch):
+    monkeypatch.setenv(exposure.ALLOW_ENV, "1")
+    line = require_private_network("tf.data service")
+    assert "other accounts and hosts can run graphs as you here" in line
+
+
+def test_only_the_recorded_namespace_with_nothing_but_loopback_up(outside, monkeypatch):
+    monkeypatch.setattr(exposure, "_net_namespace", lambda pid: "net:[4026532999]")
+    monkeypatch.setattr(exposure, "interfaces_up", lambda: ["lo"])
+    with pytest.raises(SharedHostError):          # no record: not a namespace of ours
+        require_private_network("x")
+    monkeypatch.setenv(exposure.PRIVATE_NETNS_ENV, "net:[4026531840]")
+    with pytest.raises(SharedHostError):          # a record of another namespace (leaked)
+        require_private_network("x")
+    monkeypatch.setenv(exposure.PRIVATE_NETNS_ENV, "net:[4026532999]")
+    assert "net:[4026532999] (only lo up)" in require_private_network("x")
+    monkeypatch.setattr(exposure, "interfaces_up", lambda: ["lo", "eth0"])
+    with pytest.raises(SharedHostError):          # another interface up: other hosts
+        require_private_network("x")
+
+
+def test_who_can_reach_a_listener_it_cannot_refuse(outside, monkeypatch):
+    """mpiexec's listener cannot be moved off every interface (Open MPI 4.1): MPICluster
+    starts anyway and says who could reach it; inside a private namespace, nobody else."""
+    line, shared = exposure.who_can_reach("mpiexec's out-of-band listener")
+    assert shared and "other accounts and hosts can connect" in line
+    monkeypatch.setattr(exposure, "private_namespace", lambda: "net:[1]")
+    line, shared = exposure.who_can_reach("x")
+    assert not shared and "reachable from inside it only" in line
+
+
+def test_the_first_process_inside_records_its_namespace(tmp_path):
+    """``exposure private`` itself: the command runs with the namespace recorded, and the gate
+    lets the service start there (and only there)."""
+    probe = subprocess.run(exposure.private_network_command(["true"]), capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("no private network namespace here")
+    out = subprocess.run(exposure.private_network_command([sys.executable, "-c", GATE]),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "private network namespace net:[" in out.stdout, out
+
+
+# ---- the review's cases, each refused (root: other accounts, mounts, the host's namespace) --
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                reason="needs root and iproute2 (a network namespace)")
+HOST_NET = ["unshare", "--net", "--", "sh", "-c",
+            "ip link add chexnet0 type veth peer name chexnet1 && ip link set chexnet0 up && "
+            "ip link set lo up "
+            '&& exec "$@"', "sh"]
+"""A stand-in for a host's network: a namespace with an interface up besides ``lo`` (``make
+test`` itself runs in a private namespace, and sandboxes may hide pid 1's)."""
+
+
+def gate_in(prefix, env=None):
+    """The gate run under ``prefix`` (a command that sets up the case), on a host-like network
+    (:data:`HOST_NET`), with this process's environment (its private namespace's record
+    included)."""
+    return subprocess.run([*HOST_NET, *prefix, sys.executable, "-c", GATE], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **(env or {})})
+
+
+def refused(run):
+    return run.returncode == 3 and run.stdout.startswith("refusing to start the tf.data service")
+
+
+@needs_root
+@pytest.mark.parametrize("case, prefix", [
+    ("a: a user namespace without a network namespace (Apptainer, rootless podman)",
+     ["unshare", "--user", "--map-root-user", "--"]),
+    ("b: /proc mounted hidepid=2 (nobody else visible)",
+     ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--", "sh", "-c",
+      'mount -o remount,hidepid=2 /proc && exec "$@"', "sh"]),
+    ("f: a pid namespace of its own on the host network (docker --net=host)",
+     ["unshare", "--pid", "--fork", "--mount-proc", "--"]),
+    ("the host's network itself", []),
+])
+def test_the_reviews_cases_are_refused(case, prefix):
+    """Whatever the earlier gate looked at (a namespace that differs from pid 1's or a user
+    namespace; who else runs processes) no longer decides: each case is refused, even with
+    a private namespace's record in the environment (a leaked variable)."""
+    run = gate_in(prefix, {exposure.PRIVATE_NETNS_ENV: "net:[4026532999]"})
+    assert refused(run), (case, run.returncode, run.stdout, run.stderr)
+    run = gate_in(prefix, {exposure.PRIVATE_NETNS_ENV: ""})
+    assert refused(run), (case, run.stdout, run.stderr)
+
+
+@needs_root
+@pytest.mark.parametrize("uid", [1234567, 33, 65534],
+                         ids=["c: a directory-service uid", "d: www-data", "d: nobody"])
+def test_other_accounts_outside_any_uid_range_change_nothing(uid):
+    """c, d: accounts the earlier gate did not count (uids >= 65534 or < UID_MIN) may run
+    processes: refused as always, outside a private namespace."""
+    other = subprocess.Popen(["sleep", "60"], user=uid, group=uid, stdin=subprocess.DEVNULL)
     try:
-        yield proc
+        assert refused(gate_in([])), uid
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == "zombie"
+        other.kill()
+        other.wait(timeout=10)
+    assert not psutil.pid_exists(other.pid) or psutil.Process(other.pid).status() == "zombie"
 
 
-def test_tf_data_service_refuses_before_starting_anything(other_account_process, monkeypatch):
+@needs_root
+def test_time_of_check_is_time_of_use_nobody_else_needed(outside):
+    """e: the earlier gate let root start the service while no other account had a process,
+    and an account that logged in afterwards read root's files through it. Now nobody else
+    needs to be there: outside a private namespace it does not start, and nothing is started
+    (tests/mpi/test_private_network.py replays the read from another account against a
+    service and an MWMS server started inside one)."""
     from chexnet_utils.input.tfdata_service import TFDataService
 
-    monkeypatch.delenv(exposure.ALLOW_ENV, raising=False)
-    assert OTHER_UID in exposure.other_accounts_running()
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     svc = TFDataService(num_workers=1)
-    with pytest.raises(SharedHostError, match=str(OTHER_UID)):
+    with pytest.raises(SharedHostError):
         svc.start()
-    after = {p.pid for p in psutil.Process().children(recursive=True)}
-    assert after - before == set() and svc.dispatcher is None and svc.workers == []
+    assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()
+    assert svc.dispatcher is None and svc.workers == []
 
 
-def test_mwms_server_refuses_before_tensorflow_starts_it(other_account_process, monkeypatch):
+@needs_root
+def test_another_interface_up_in_a_private_namespace_is_refused():
+    """Other hosts: a namespace of ours that gains an interface (a veth, a dummy) is no longer
+    private; the gate looks at what is up when the server starts."""
+    script = ("ip link add chexnet0 type veth peer name chexnet1 && ip link set chexnet0 up && "
+              f'exec {sys.executable} -c "$0"')
+    run = subprocess.run(exposure.private_network_command(["sh", "-c", script, GATE]),
+                         capture_output=True, text=True, timeout=60)
+    assert refused(run), (run.returncode, run.stdout, run.stderr)
+
+
+def test_mwms_server_refuses_before_tensorflow_starts_it(outside, monkeypatch):
     from chexnet_utils.bench import steptimer
 
-    monkeypatch.delenv(exposure.ALLOW_ENV, raising=False)
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(SharedHostError, match="MultiWorkerMirroredStrategy server"):
         steptimer.mwms_setup_on_engine([12345, 12346])
     assert "TF_CONFIG" not in os.environ and not steptimer._MWMS
-
-
-def test_a_namespace_of_its_own_is_seen_even_where_pid_1_is_hidden(monkeypatch):
-    """Sandboxes (and every non-root account) may not read pid 1's namespace: a process
-    whose namespace differs from an ancestor's is in one of its own; one that shares its
-    ancestors' namespace is not."""
-    spaces = {"self": "net:[2]", 1: OSError, 10: "net:[1]", 11: "net:[2]"}
-
-    def read(pid):
-        if spaces.get(pid) is OSError:
-            raise PermissionError(13, "Permission denied")
-        return spaces[pid]
-
-    monkeypatch.setattr(exposure, "_net_namespace", read)
-    monkeypatch.setattr(exposure.os, "getppid", lambda: 11)
-    monkeypatch.setattr(exposure, "_parent", {11: 10, 10: 1}.__getitem__)
-    real_read_text = exposure.Path.read_text
-    monkeypatch.setattr(exposure.Path, "read_text", lambda self, *a, **k: (
-        "0 0 4294967295\n" if str(self) == "/proc/self/uid_map"
-        else real_read_text(self, *a, **k)))
-    assert exposure.in_private_network_namespace()          # 11 in net:[2], 10 in net:[1]
-    spaces[10] = "net:[2]"
-    assert not exposure.in_private_network_namespace()      # all the way up: the same one
 
 
 def test_the_private_network_command_needs_root_only_for_nothing(monkeypatch):
