@@ -63,11 +63,16 @@ class NoGPUError(RuntimeError):
     """No NVIDIA GPU is visible to this process (the message says why)."""
 
 
+def no_gpu_reason() -> str:
+    """Why no GPU is visible: ``CUDA_VISIBLE_DEVICES`` hides them, or no driver answered."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return ("CUDA_VISIBLE_DEVICES hides them" if cvd is not None and cvd.strip() in ("", "-1")
+            else "no NVIDIA driver answered (NVML / nvidia-smi)")
+
+
 def no_gpu_message(reason: str = "") -> str:
     """``no NVIDIA GPU visible: <reason>; ...`` for the CLI and the notebooks."""
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    why = reason or ("CUDA_VISIBLE_DEVICES hides them" if cvd is not None and cvd.strip() in
-                     ("", "-1") else "no NVIDIA driver answered (NVML / nvidia-smi)")
+    why = reason or no_gpu_reason()
     return (f"no NVIDIA GPU visible: {why}. The gpu-node report trains on GPUs only; on this "
             "machine use `python -m chexnet_utils bench scaling` (CPU workers, optionally with "
             "an emulated accelerator)")

@@ -229,13 +229,13 @@ def gpu_smoke(cpu: bool = False, out: Path | None = None,
     """The three steps (module docstring) on this node's GPUs, or with ``cpu`` on its CPU with
     the GPU switches forced on; raises :class:`~chexnet_utils.bench.gpu_node.NoGPUError`
     without a GPU unless ``cpu``."""
-    from chexnet_utils.bench.gpu_node import NoGPUError, no_gpu_message
+    from chexnet_utils.bench.gpu_node import NoGPUError, no_gpu_reason
     from chexnet_utils.data.prepare import prepare_tfrecords
     from chexnet_utils.hardware import devices
 
     gpus = devices.visible_gpus()
     if not gpus and not cpu:
-        raise NoGPUError(no_gpu_message())
+        raise NoGPUError(f"no NVIDIA GPU visible here ({no_gpu_reason()})")
     if cpu:
         os.environ.update(CPU_SWITCHES)
     n = CPU_WORKERS if cpu else len(gpus)
@@ -264,7 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = gpu_smoke(cpu=args.cpu, out=args.out)
     except NoGPUError as e:
-        print(f"gpu-smoke: {e} (make gpu-smoke CPU=1 runs the CPU stand-in)", file=sys.stderr)
+        print(f"gpu-smoke: {e}: nothing to prove; make gpu-smoke CPU=1 runs its CPU stand-in",
+              file=sys.stderr)
         return 2
     print(report, flush=True)
     return 0 if report.ok else 1
