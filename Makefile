@@ -58,6 +58,9 @@ TEST_WORKERS ?= 2
 # (or with CHEXNET_ALLOW_SHARED_HOST=1), and mpiexec's listener on "every interface" is on that
 # namespace's only. make test, make tutorial, make notebooks, make mpi and make lab use it.
 PRIVATE_NET = "$(PY)" -m chexnet_utils.platform.exposure private --
+# (make test's tests stage: each pytest-xdist worker in a namespace of its own, as its python,
+# so that a test that adds a link to its namespace (tests/mpi/test_remote_engines.py) changes
+# nothing for the other worker's servers)
 # make lint (make test's first step, about ten seconds): ruff (pycodestyle, pyflakes, bugbear,
 # complexity, import order, no private imports across modules: [tool.ruff] in pyproject.toml),
 # import-linter (the package's layers, function-local imports included:
@@ -70,7 +73,8 @@ lint: setup
 
 test: setup lint
 	@times=$$(mktemp); trap 'rm -f "$$times"' EXIT; rc=0; \
-	CHEXNET_TEST_TIMES="$$times" $(PRIVATE_NET) "$(PY)" -m pytest tests -n $(TEST_WORKERS) \
+	CHEXNET_TEST_TIMES="$$times" "$(PY)" -m pytest tests \
+	  --tx "$(TEST_WORKERS)*popen//python='$(PY)' -m chexnet_utils.platform.exposure private -- '$(PY)'" \
 	  --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	CHEXNET_TEST_TIMES="$$times" $(PRIVATE_NET) "$(PY)" -m pytest $(NOTEBOOKS) --nbval-lax \
 	  --nbval-current-env \

@@ -50,9 +50,15 @@ _notebook_ticks: dict[str, list] = {}  # notebook -> [ticks at its first cell, a
 
 
 def _workers(config: pytest.Config) -> int:
-    """pytest-xdist's worker count of this session (0: no xdist, one process)."""
+    """pytest-xdist's worker count of this session (0: no xdist, one process): ``-n N``, or
+    the ``--tx N*popen//...`` specs ``make test`` gives (each worker in a network namespace of
+    its own)."""
     n = getattr(config.option, "numprocesses", None)
-    return int(n or 0)
+    if n:
+        return int(n)
+    specs = getattr(config.option, "tx", None) or []
+    return sum(int(spec.split("*", 1)[0]) if "*" in spec.split("//", 1)[0] else 1
+               for spec in specs)
 
 
 def pytest_configure(config):  # noqa: ANN001, ANN201

@@ -26,7 +26,9 @@ pid namespace. The refusal is one line saying what to do.
 PRIVATE=1``): ``python -m chexnet_utils.platform.exposure private -- CMD ...`` runs ``CMD`` in a
 network namespace of its own, made through a user namespace (``unshare --user
 --map-root-user --net``; plain ``unshare --net`` as root), with only a loopback interface,
-brought up. Whatever ``CMD`` starts (JupyterLab on a Unix socket, its kernels, ``mpiexec``
+brought up (with one more address, :data:`LOOPBACK_ALIAS`, so that the host name resolves
+for programs that ask ``getaddrinfo`` with ``AI_ADDRCONFIG``, as Slurm does). Whatever ``CMD``
+starts (JupyterLab on a Unix socket, its kernels, ``mpiexec``
 and its out-of-band listener on "every interface", the engines, the tf.data service, the
 MultiWorkerMirroredStrategy server) listens on that namespace's interfaces only, which no
 other account and no other host can reach (``tests/mpi/test_private_network.py`` checks it
@@ -174,6 +176,35 @@ def bring_loopback_up() -> None:
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | _IFF_UP, b""))
 
 
+LOOPBACK_ALIAS = "192.0.2.1"
+"""An address the namespace's ``lo`` also carries (as ``lo:1``, /32): glibc's ``getaddrinfo``
+with ``AI_ADDRCONFIG`` (Slurm's daemons use it) returns nothing for IPv4 on a machine whose only
+IPv4 address is a loopback one, and the host name would not resolve. 192.0.2.0/24 is
+TEST-NET-1 (RFC 5737): in a namespace with no other interface it leads nowhere."""
+
+
+def add_loopback_alias(address: str = LOOPBACK_ALIAS) -> None:
+    """Give this namespace's ``lo`` the extra address :data:`LOOPBACK_ALIAS` (``lo:1``, /32).
+    Needs ``CAP_NET_ADMIN`` here."""
+    import fcntl
+    import socket
+    import struct
+
+    siocsifaddr, siocsifnetmask = 0x8916, 0x891C
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for request, value in ((siocsifaddr, address), (siocsifnetmask, "255.255.255.255")):
+            fcntl.ioctl(s, request, struct.pack("16sH2s4s8s", b"lo:1", socket.AF_INET, b"\0\0",
+                                                socket.inet_aton(value), b"\0" * 8))
+
+
+MPI_LOOPBACK = {"OMPI_MCA_oob_tcp_if_include": "lo", "OMPI_MCA_btl_tcp_if_include": "lo",
+                "PRTE_MCA_oob_tcp_if_include": "lo"}
+"""Set (where not set already) for everything in a private namespace: its only interface is
+``lo``, which Open MPI leaves out of its out-of-band channel by default ("No network interfaces
+were found for out-of-band communications"); ``PRTE_MCA_``: Open MPI 5's runtime. A command
+line's ``--mca`` (``MPICluster``, the two-node runs) still wins."""
+
+
 _NO_NAMESPACE_HINT = (
     "this host does not let your account make one (unprivileged user namespaces off: sysctl "
     "kernel.unprivileged_userns_clone, user.max_user_namespaces, or Ubuntu 24.04's "
@@ -197,12 +228,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if action == "inside":
         try:
             bring_loopback_up()
+            add_loopback_alias()
         except OSError as e:
             print(f"error: cannot bring up the loopback interface of the new network namespace "
                   f"({e.strerror}): {_NO_NAMESPACE_HINT}", file=sys.stderr)
             return 1
         try:
             os.environ[PRIVATE_NETNS_ENV] = _net_namespace("self")  # what the gate recognises
+            for name, value in MPI_LOOPBACK.items():  # Open MPI skips lo unless told
+                os.environ.setdefault(name, value)
             os.execvp(command[0], command)
         except OSError as e:
             print(f"error: {command[0]}: {e.strerror}", file=sys.stderr)
