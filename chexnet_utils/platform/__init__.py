@@ -10,7 +10,9 @@
 - :mod:`~chexnet_utils.platform.checks`: argument checks shared by the package's public
   functions;
 - :mod:`~chexnet_utils.platform.exposure`: who can reach what a process listens on: the gate
-  before an unauthenticated server;
+  before an unauthenticated server (it fails closed), and the private network namespace;
+- :mod:`~chexnet_utils.platform.forward`: a loopback port forwarded to a Unix socket (the
+  browser's way into the private lab);
 - :mod:`~chexnet_utils.platform.markdown`: rows as a markdown table, the text of every table
   the package shows (notebooks display it, commands and results print it).
 

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.mpi
 
 OTHER_UID = 4242
 
-# Runs inside the namespace: a one-engine MPI cluster and a one-worker tf.data service, then
+# Runs inside the namespace: a 2-engine MPI cluster with MultiWorkerMirroredStrategy's servers
+# (notebook 06) and a one-worker tf.data service (notebook 07), then
 # reports their pids, what they listen on (ss, inside) and who can reach the service, and
 # waits for the test to look from outside before it stops both.
 INSIDE = r"""
@@ -39,16 +40,16 @@ import json, subprocess, sys
 from chexnet_utils.bench import steptimer
 from chexnet_utils.cluster.distributed import MPICluster
 from chexnet_utils.input.tfdata_service import TFDataService
-from chexnet_utils.platform.ports import free_port
+from chexnet_utils.platform.ports import free_ports
 from tests.support.listeners import ss_listeners
 
-with MPICluster(n=1) as cluster, TFDataService(num_workers=1) as svc:
-    mwms_port = free_port()
-    mwms = cluster.run(steptimer.mwms_setup_on_engine, [mwms_port])[0]  # first TF work there
+with MPICluster(n=2) as cluster, TFDataService(num_workers=1) as svc:
+    mwms_ports = free_ports(2)
+    mwms = cluster.run(steptimer.mwms_setup_on_engine, mwms_ports)[0]  # first TF work there
     ranks = cluster.run(lambda: __import__("os").environ.get("OMPI_COMM_WORLD_RANK"))
     pids = sorted(cluster.pids() | set(svc.pids))
     print(json.dumps({"pids": pids, "ranks": ranks, "exposure": svc.exposure,
-                      "service_ports": svc.ports, "mwms_port": mwms_port,
+                      "service_ports": svc.ports, "mwms_ports": mwms_ports,
                       "mwms_exposure": mwms["exposure"],
                       "inside": [list(l) for l in ss_listeners(pids)]}), flush=True)
     sys.stdin.readline()          # the test has looked from outside
@@ -116,15 +117,15 @@ def test_nobody_outside_a_private_namespace_reaches_its_cluster_or_tf_data_servi
         if other is not None:
             other.kill()
             other.wait()
-    assert seen["ranks"] == ["0"]
+    assert seen["ranks"] == ["0", "1"]
     assert "private network namespace" in seen["exposure"]
     names = {lst.name for lst in inside}
     assert "mpiexec" in names and any(not lst.loopback for lst in inside if
                                       lst.name == "mpiexec")    # "every interface", inside
     assert set(seen["service_ports"]) <= {lst.port for lst in inside}
-    assert seen["mwms_port"] in {lst.port for lst in inside}   # the MWMS gRPC server
+    assert set(seen["mwms_ports"]) <= {lst.port for lst in inside}   # the MWMS gRPC servers
     assert "private network namespace" in seen["mwms_exposure"]
-    assert seen["mwms_port"] in ports and set(seen["service_ports"]) <= set(ports)
+    assert set(seen["mwms_ports"]) | set(seen["service_ports"]) <= set(ports)
     assert outside == []                   # none of them listens in the host's namespace
     assert ports and knock.returncode == 0, knock.stderr
     tried = json.loads(knock.stdout)
