@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from chexnet_utils.platform.root import root_switches
+
 if TYPE_CHECKING:
     from traitlets.config import Config
 
@@ -67,7 +69,9 @@ def lab_args(root_dir: str | os.PathLike[str], *, kernel: str = PROJECT_KERNEL,
     connected is shut down, checked every ``cull_interval_s`` (Jupyter Server's
     ``MappingKernelManager.cull_idle_timeout``; busy kernels are not culled). A kernel asked
     to shut down gets :data:`SHUTDOWN_WAIT_S` to stop its clusters before it is killed. As root
-    (containers, CI) ``--allow-root`` is added, which Jupyter Server otherwise refuses.
+    in a container, in a namespace of one's own or with ``CHEXNET_ALLOW_ROOT=1``
+    ``--allow-root`` is added, which Jupyter Server otherwise refuses
+    (:mod:`chexnet_utils.platform.root`).
     """
     args = [f"--ip={ip}", f"--ServerApp.root_dir={os.fspath(root_dir)}",
             f"--KernelSpecManager.allowed_kernelspecs={kernel}",
@@ -75,7 +79,7 @@ def lab_args(root_dir: str | os.PathLike[str], *, kernel: str = PROJECT_KERNEL,
             f"--MappingKernelManager.cull_idle_timeout={cull_idle_s:g}",
             f"--MappingKernelManager.cull_interval={cull_interval_s:g}",
             f"--KernelManager.shutdown_wait_time={SHUTDOWN_WAIT_S}"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
+    if root_switches():  # RootRefused as the host's root without CHEXNET_ALLOW_ROOT=1
         args.append("--allow-root")
     return args
 

@@ -36,6 +36,7 @@ from chexnet_utils.platform.processes import (
     terminate_below,
     watchdog_remove_on_death,
 )
+from chexnet_utils.platform.root import root_switches
 
 if TYPE_CHECKING:
     from traitlets.config import Config
@@ -62,7 +63,9 @@ def mpi_env_overrides(n_procs: int = 1, base: Mapping[str, str] | None = None,
                       bind_to: str | None = None) -> dict[str, str]:
     """Only the variables :func:`mpi_environment` adds to ``base`` (default ``os.environ``).
 
-    As root: Open MPI's allow-root switches. Always, unless ``base`` sets them already:
+    As root in a container, a user namespace of one's own or with ``CHEXNET_ALLOW_ROOT=1``:
+    Open MPI's allow-root switches (as the host's root otherwise, ``RootRefused``:
+    :mod:`chexnet_utils.platform.root`). Always, unless ``base`` sets them already:
     ``OMP_NUM_THREADS`` and TensorFlow's thread counts = ``cores // n_procs`` (the CPU
     thread budget), and a quieter TensorFlow log.
 
@@ -81,7 +84,7 @@ def mpi_env_overrides(n_procs: int = 1, base: Mapping[str, str] | None = None,
     """
     base = os.environ if base is None else base
     extra: dict[str, str] = {}
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
+    if root_switches(base):  # RootRefused as the host's root without CHEXNET_ALLOW_ROOT=1
         extra.update(ROOT_SWITCHES)
     threads = str(cpu_thread_budget(n_procs))
     defaults = {"OMP_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads,
