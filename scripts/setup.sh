@@ -103,6 +103,16 @@ PYTHON="$SYS_PYTHON" SETUP_NEEDS_VENV=$needs_venv SETUP_SLURM=${SETUP_SLURM:-1} 
 MPI_VERSION=$(mpirun --version 2>/dev/null | head -n1 | sed 's/[^0-9.]*\([0-9][0-9.]*\).*/\1/')
 say "MPI: $(mpirun --version 2>/dev/null | head -n1)"
 
+# As the host's root (not in a container, uid 0 not mapped from another account), pip and
+# Horovod's setup.py run as root: say so once, with the route that needs root only for apt
+# (security review 19cb1e5, section 5; chexnet_utils/platform/root.py decides the same for
+# Jupyter and Open MPI).
+if [ "$(id -u)" = 0 ] && [ ! -e /.dockerenv ] && [ ! -e /run/.containerenv ] \
+   && [ -z "${container:-}" ] && awk '$1 == 0 && $2 != 0 {m=1} END {exit m}' /proc/self/uid_map 2>/dev/null; then
+  say "note: running as root outside a container: pip and Horovod's setup.py run as root here;" \
+      "the route without: root runs 'bash scripts/system_packages.sh', a normal account runs 'make setup'"
+fi
+
 # 2. Python environment ----------------------------------------------------------------
 if [ "$needs_venv" = 1 ]; then
   say "creating $VENV with $chosen_name"

@@ -424,16 +424,19 @@ def join_trial(train_all: Callable[[Any, Any, Any], Any], batches_by_rank: Seque
     """Run on every engine: a learner's ``train_all(step, batches, model)`` on uneven shards.
 
     Rank ``r`` gets ``batches_by_rank[r % len(...)]`` batches of its own data, the same
-    broadcast start and a Horovod step (:func:`hvd.DistributedGradientTape`). Returns how
-    many of its batches the step ran (``ran``, of ``batches``) and the sha256 of the
-    trainable weights after ``train_all`` (``end``); a rank left waiting in a collective
-    never returns (the caller's timeout reports the hang)."""
+    broadcast start and a Horovod step (:func:`hvd.DistributedGradientTape`) with Adam, the
+    course's optimizer (``model.optimizer``: a state per weight, so ranks that joined early
+    differ in it too). Returns how many of its batches the step ran (``ran``, of ``batches``),
+    the sha256 of the trainable weights after ``train_all`` (``end``) and after one more
+    step every rank takes together (``after``: equal only if the optimizer states are); a
+    rank left waiting in a collective never returns (the caller's timeout reports the hang)."""
     import horovod.tensorflow as hvd
     import keras
     import tensorflow as tf
 
     hvd.init()
-    model, optimizer = _trial_model(0, image_size, keras.optimizers.SGD(0.05))
+    model, optimizer = _trial_model(0, image_size, keras.optimizers.Adam(0.01))
+    model.compile(optimizer=optimizer, auto_scale_loss=False)   # model.optimizer, as after fit
     hvd.broadcast_variables([v.value for v in model.variables + optimizer.variables], 0)
     loss_fn = keras.losses.BinaryCrossentropy()
 
@@ -461,8 +464,11 @@ def join_trial(train_all: Callable[[Any, Any, Any], Any], batches_by_rank: Seque
         train_all(step, batches, model)
     except Exception as e:  # the learner's code: report, do not crash the engine
         error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e) else ''}"
-    return {"rank": hvd.rank(), "batches": n, "ran": ran[0], "error": error,
-            "end": weights_sha256(model.trainable_weights)}
+    end = weights_sha256(model.trainable_weights)
+    if error is None:    # the next epoch's first step, every rank on its first batch
+        hvd_step(*batches[0])
+    return {"rank": hvd.rank(), "batches": n, "ran": ran[0], "error": error, "end": end,
+            "after": weights_sha256(model.trainable_weights)}
 
 
 def join_problem(ranks: Sequence[dict[str, Any]]) -> str | None:
@@ -478,4 +484,7 @@ def join_problem(ranks: Sequence[dict[str, Any]]) -> str | None:
     if len({r["end"] for r in ranks}) > 1:
         return ("no rank hung, but the ranks ended different: those that joined early missed "
                 "the last updates; broadcast the variables from the rank hvd.join() returns.")
+    if len({r.get("after", r["end"]) for r in ranks}) > 1:
+        return ("the weights agree, but one more step made them differ: Adam's state "
+                "(iterations, m, v) stayed apart; broadcast model.optimizer.variables too.")
     return None

@@ -316,6 +316,7 @@ def test_uneven_shards_verdicts(capsys):
     assert join_problem(ok) is None
     assert "broadcast" in join_problem([ok[0], {**ok[1], "end": "x"}])
     assert "all their batches" in join_problem([ok[0], {**ok[1], "ran": 1}])
+    assert "optimizer.variables" in join_problem([ok[0], {**ok[1], "after": "y"}])  # Adam's state
     assert exercises.check_uneven_shards(None) is False
 
 
