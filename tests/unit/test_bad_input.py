@@ -454,7 +454,8 @@ def test_makefile_recipes_survive_a_checkout_path_with_a_space(tmp_path):
     assert out.returncode == 0, out.stderr
     calls = (checkout / ".venv" / "bin" / "calls").read_text().splitlines()
     assert len(calls) == 8 and all(c.startswith(f"{python} ") for c in calls)
-    assert f"{python} -m chexnet_utils bench service --json my build/bench-service.json" in calls
+    assert (f"{python} -m chexnet_utils.platform.exposure private -- {python} -m chexnet_utils "
+            "bench service --json my build/bench-service.json") in calls   # #46: in a namespace
     assert not (checkout / "my build").exists() and (checkout / "my").is_dir()
 
 
