@@ -217,15 +217,25 @@ def run_private(args: list[str], port: int | None = None) -> int:
     on a Unix socket there, and ``127.0.0.1:PORT`` (``--port``, default 8888, the next free
     one when taken) forwarded to it from this namespace (:class:`~chexnet_utils.platform.forward.
     UnixForwarder`), so the browser opens the usual URL. The token is made here and handed to
-    Jupyter in its environment. Returns the lab's exit status."""
+    Jupyter in its environment. Where this account cannot make a namespace (unprivileged user
+    namespaces off, e.g. Ubuntu 24.04's AppArmor default), one line says so and the lab runs
+    on loopback as without ``--private``: everything but the servers of notebooks 06 and 07
+    works, and those refuse to start with their own line (the gate fails closed). Returns the
+    lab's exit status."""
     import secrets
     import shutil
     import tempfile
 
-    from chexnet_utils.platform.exposure import private_network_command
+    from chexnet_utils.platform.exposure import namespace_problem, private_network_command
     from chexnet_utils.platform.forward import UnixForwarder
     from chexnet_utils.platform.processes import command_lifetime, exit_status, stop_processes
 
+    problem = namespace_problem()
+    if problem is not None:
+        print(f"note: no network namespace of your own here ({problem}); JupyterLab runs on "
+              f"loopback instead, and the unauthenticated servers of notebooks 06 and 07 will "
+              f"refuse to start", file=sys.stderr, flush=True)
+        return main(args)
     wanted = _pop_port(args, 8888) if port is None else port
     folder = tempfile.mkdtemp(prefix="chexnet-lab-")  # mode 0700: the socket's folder
     sock = os.path.join(folder, "lab.sock")

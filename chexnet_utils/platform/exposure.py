@@ -212,12 +212,27 @@ _NO_NAMESPACE_HINT = (
     "container of your own")
 
 
+def namespace_problem() -> str | None:
+    """Why this account cannot make a private network namespace here (one line, with what to
+    do), or ``None`` when it can: :func:`private_network_command` tried on ``true``."""
+    import subprocess
+
+    try:
+        probe = subprocess.run(private_network_command(["true"]), capture_output=True,
+                               text=True, timeout=60)
+    except FileNotFoundError as e:
+        return str(e)
+    if probe.returncode == 0:
+        return None
+    reason = (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
+    return reason if "cannot bring up" in reason else f"{reason}: {_NO_NAMESPACE_HINT}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m chexnet_utils.platform.exposure private -- CMD ...``: run ``CMD`` in a network
     namespace of its own (``inside`` is the step that runs in it: loopback up, then
     ``exec CMD``). Exit status: ``CMD``'s; 2 for a usage error; 1 when no namespace can be
     made, with the reason."""
-    import subprocess
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 3 or args[0] not in ("private", "inside") or args[1] != "--":
@@ -241,17 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as e:
             print(f"error: {command[0]}: {e.strerror}", file=sys.stderr)
             return 127
-    try:
-        probe = subprocess.run(private_network_command(["true"]), capture_output=True,
-                               text=True, timeout=60)
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if probe.returncode != 0:
-        reason = (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
-        if "cannot bring up" not in reason:
-            reason = f"{reason}: {_NO_NAMESPACE_HINT}"
-        print(f"error: no private network namespace: {reason}", file=sys.stderr)
+    problem = namespace_problem()
+    if problem is not None:
+        print(f"error: no private network namespace: {problem}", file=sys.stderr)
         return 1
     cmd = private_network_command(command)
     os.execv(cmd[0], cmd)

@@ -205,3 +205,22 @@ def test_without_user_namespaces_the_private_command_says_why_in_one_line(monkey
     assert exposure.main(["private", "make"]) == 2
     assert ("usage: python -m chexnet_utils.platform.exposure private -- COMMAND"
             in capsys.readouterr().err)
+
+
+def test_make_lab_without_user_namespaces_runs_the_lab_on_loopback_saying_why(monkeypatch,
+                                                                              capsys):
+    """Where the account cannot make a namespace (Ubuntu 24.04's AppArmor default), ``make
+    lab``'s private route says so in one line and runs the lab as before, on loopback; the
+    servers of 06 and 07 are then refused by the gate, not by a lab that will not start."""
+    from chexnet_utils import lab
+
+    monkeypatch.setattr(exposure, "namespace_problem",
+                        lambda: "unshare: write failed /proc/self/uid_map: Operation not "
+                                "permitted: this host does not let your account make one")
+    ran = []
+    monkeypatch.setattr(lab, "main", lambda args: ran.append(list(args)) or 0)
+    assert lab.run_private(["--notebook-dir=notebooks"]) == 0
+    assert ran == [["--notebook-dir=notebooks"]]            # the loopback lab, same options
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no network namespace of your own here" in err
+    assert "06 and 07" in err and "refuse" in err
