@@ -154,13 +154,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     the IPython folder and this environment's JupyterLab defaults (:func:`install_mpi_profile`,
     :func:`install_lab_overrides`). Returns the server's exit status (143 after SIGTERM).
     """
-    from chexnet_utils.platform.processes import (
-        command_lifetime,
-        exit_status,
-        interruption,
-        stop_processes,
-    )
-
     args = list(sys.argv[1:] if argv is None else argv)
     if "--private" in args:
         args.remove("--private")
@@ -183,19 +176,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as e:  # a read-only environment or home: the lab runs without it
             print(f"warning: {what}: not installed ({e})", file=sys.stderr, flush=True)
     print("+", " ".join(cmd), flush=True)
+    return _serve(cmd, stop_wait_s=SHUTDOWN_WAIT_S + 10, say_stopped=True)
+
+
+def _serve(cmd: list[str], *, env: dict[str, str] | None = None, stop_wait_s: float,
+           say_stopped: bool) -> int:
+    """Run the server ``cmd`` (in ``env``) until it ends or this command is interrupted;
+    return its exit status as a shell says it (killed by signal N: 128 + N). On Ctrl-C (the
+    server got it too) or SIGTERM the server gets SIGTERM and ``stop_wait_s`` to stop its
+    kernels, then SIGKILL; ``say_stopped``: one line on stderr says so. Nothing it started
+    outlives this command (:func:`~chexnet_utils.platform.processes.command_lifetime`)."""
+    from chexnet_utils.platform.processes import (
+        command_lifetime,
+        exit_status,
+        interruption,
+        stop_processes,
+    )
+
     with command_lifetime():
         server = None
         try:
-            server = subprocess.Popen(cmd)
+            server = subprocess.Popen(cmd, env=env)
             rc = server.wait()
-            return 128 - rc if rc < 0 else rc  # killed by signal N: 128 + N, as a shell says
-        except KeyboardInterrupt as e:  # Ctrl-C (the server got it too) or SIGTERM
+            return 128 - rc if rc < 0 else rc
+        except KeyboardInterrupt as e:
             if server is None:
                 return exit_status(e)
-            # SIGTERM: Jupyter stops its kernels, then itself (SIGKILL if it takes too long)
-            stop_processes([server], SHUTDOWN_WAIT_S + 10)
-            print(f"\ninterrupted by {interruption(e)}: JupyterLab and its kernels stopped",
-                  file=sys.stderr, flush=True)
+            stop_processes([server], stop_wait_s)
+            if say_stopped:
+                print(f"\ninterrupted by {interruption(e)}: JupyterLab and its kernels stopped",
+                      file=sys.stderr, flush=True)
             return exit_status(e)
 
 
@@ -228,7 +238,6 @@ def run_private(args: list[str], port: int | None = None) -> int:
 
     from chexnet_utils.platform.exposure import namespace_problem, private_network_command
     from chexnet_utils.platform.forward import UnixForwarder
-    from chexnet_utils.platform.processes import command_lifetime, exit_status, stop_processes
 
     problem = namespace_problem()
     if problem is not None:
@@ -251,16 +260,9 @@ def run_private(args: list[str], port: int | None = None) -> int:
         print(f"JupyterLab in a network namespace of your own (nothing it starts is reachable "
               f"by another account or host): http://{LOOPBACK}:{forwarder.port}/lab?token="
               f"{token}", flush=True)
-        with command_lifetime():
-            server = None
-            try:
-                server = subprocess.Popen(inner, env={**os.environ, "JUPYTER_TOKEN": token})
-                rc = server.wait()
-                return 128 - rc if rc < 0 else rc
-            except KeyboardInterrupt as e:
-                if server is not None:
-                    stop_processes([server], SHUTDOWN_WAIT_S + 20)
-                return exit_status(e)
+        # the lab inside stops its own server and says so: wait for it a little longer
+        return _serve(inner, env={**os.environ, "JUPYTER_TOKEN": token},
+                      stop_wait_s=SHUTDOWN_WAIT_S + 20, say_stopped=False)
     finally:
         forwarder.stop()
         shutil.rmtree(folder, ignore_errors=True)

@@ -92,9 +92,11 @@ def node_description(gpus: Sequence[Any]) -> dict[str, str]:
     """The GPUs and the versions that matter on a GPU node (``"-"`` where there is none).
     Without GPUs (the CPU stand-in) the package versions only: TensorFlow is not imported."""
     from chexnet_utils.hardware import devices
+    from chexnet_utils.hardware.envcheck import package_versions
 
     names = ", ".join(sorted({g.name for g in gpus})) + f" x{len(gpus)}" if gpus else "-"
-    versions = f"{installed('tensorflow', 'tensorflow-cpu')} / {installed('horovod')}"
+    v = package_versions(("tensorflow", "tensorflow-cpu", "horovod"))
+    versions = f"{v['tensorflow'] or v['tensorflow-cpu'] or '-'} / {v['horovod'] or '-'}"
     desc = {"GPUs": names, "driver": "-", "CUDA / cuDNN (TensorFlow build)": "- / -",
             "NCCL (Horovod)": "-", "TensorFlow / Horovod": versions}
     if gpus:
@@ -108,18 +110,6 @@ def node_description(gpus: Sequence[Any]) -> dict[str, str]:
                                                         f"{build.get('cudnn_version', '-')}",
                      "NCCL (Horovod)": nccl_version(hvd.nccl_built())})
     return desc
-
-
-def installed(*distributions: str) -> str:
-    """The version of the first of ``distributions`` that is installed (``-``: none)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for name in distributions:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            continue
-    return "-"
 
 
 def nccl_version(code: int) -> str:

@@ -38,8 +38,12 @@ files it writes belong to the real user.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import socket
+import struct
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -67,10 +71,6 @@ def interfaces_up() -> list[str]:
     """The names of this network namespace's interfaces that are up (``SIOCGIFFLAGS`` on each
     one ``if_nameindex`` lists: both ask the kernel about this process's namespace, unlike
     ``/sys/class/net``, which shows the namespace the sysfs mount was made in)."""
-    import fcntl
-    import socket
-    import struct
-
     up = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
@@ -135,10 +135,9 @@ def require_private_network(service: str) -> str:
     """Check that an unauthenticated ``service`` started now is reachable from this private
     network namespace only, or that the learner opted in; return why (one line, for the
     notebook to print), or raise :class:`SharedHostError` saying what to do."""
-    namespace = private_namespace()
-    if namespace:
-        return (f"{service}: in this project's private network namespace {namespace} (only lo "
-                "up), reachable from inside it only")
+    line, shared = who_can_reach(service)
+    if not shared:
+        return line
     if os.environ.get(ALLOW_ENV) == "1":
         return (f"{service}: started outside a private network namespace ({ALLOW_ENV}=1): "
                 f"other accounts and hosts can run graphs as you here")
@@ -166,10 +165,6 @@ def private_network_command(argv: Sequence[str]) -> list[str]:
 def bring_loopback_up() -> None:
     """Set the ``lo`` interface of this network namespace up (a new namespace starts with it
     down, and without it nothing can listen on 127.0.0.1). Needs ``CAP_NET_ADMIN`` here."""
-    import fcntl
-    import socket
-    import struct
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         request = struct.pack("16sH14s", b"lo", 0, b"")
         flags = struct.unpack("16sH14s", fcntl.ioctl(s, _SIOCGIFFLAGS, request))[1]
@@ -186,10 +181,6 @@ TEST-NET-1 (RFC 5737): in a namespace with no other interface it leads nowhere."
 def add_loopback_alias(address: str = LOOPBACK_ALIAS) -> None:
     """Give this namespace's ``lo`` the extra address :data:`LOOPBACK_ALIAS` (``lo:1``, /32).
     Needs ``CAP_NET_ADMIN`` here."""
-    import fcntl
-    import socket
-    import struct
-
     siocsifaddr, siocsifnetmask = 0x8916, 0x891C
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for request, value in ((siocsifaddr, address), (siocsifnetmask, "255.255.255.255")):
@@ -215,8 +206,6 @@ _NO_NAMESPACE_HINT = (
 def namespace_problem() -> str | None:
     """Why this account cannot make a private network namespace here (one line, with what to
     do), or ``None`` when it can: :func:`private_network_command` tried on ``true``."""
-    import subprocess
-
     try:
         probe = subprocess.run(private_network_command(["true"]), capture_output=True,
                                text=True, timeout=60)
@@ -233,7 +222,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     namespace of its own (``inside`` is the step that runs in it: loopback up, then
     ``exec CMD``). Exit status: ``CMD``'s; 2 for a usage error; 1 when no namespace can be
     made, with the reason."""
-
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 3 or args[0] not in ("private", "inside") or args[1] != "--":
         print("usage: python -m chexnet_utils.platform.exposure private -- COMMAND [ARGS...]",
