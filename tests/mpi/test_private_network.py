@@ -23,7 +23,7 @@ import time
 import psutil
 import pytest
 
-from chexnet_utils.platform.exposure import private_network_command
+from chexnet_utils.platform.exposure import namespace_problem, private_network_command
 from chexnet_utils.platform.processes import alive
 from tests.support.listeners import Listener, ss_listeners
 
@@ -71,13 +71,9 @@ print(json.dumps(result))
 
 
 def _namespace_or_skip() -> None:
-    try:
-        probe = subprocess.run(private_network_command(["true"]), capture_output=True,
-                               text=True, timeout=60)
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    if probe.returncode != 0:
-        pytest.skip(f"no private network namespace here: {probe.stderr.strip()}")
+    problem = namespace_problem()
+    if problem is not None:
+        pytest.skip(f"no private network namespace here: {problem}")
 
 
 def test_nobody_outside_a_private_namespace_reaches_its_cluster_or_tf_data_service():

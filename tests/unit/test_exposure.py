@@ -76,9 +76,9 @@ def test_who_can_reach_a_listener_it_cannot_refuse(outside, monkeypatch):
 def test_the_first_process_inside_records_its_namespace(tmp_path):
     """``exposure private`` itself: the command runs with the namespace recorded, and the gate
     lets the service start there (and only there)."""
-    probe = subprocess.run(exposure.private_network_command(["true"]), capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip("no private network namespace here")
+    problem = exposure.namespace_problem()
+    if problem is not None:
+        pytest.skip(f"no private network namespace here: {problem}")
     out = subprocess.run(exposure.private_network_command([sys.executable, "-c", GATE]),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "private network namespace net:[" in out.stdout, out
