@@ -306,7 +306,7 @@ def error_line(exc: BaseException, name: str) -> str:
     return lines[0] if lines else repr(exc)
 
 
-# ---- notebook 04's conversion exercise -------------------------------------------------------
+# ---- notebook 04's exercise 7 -----------------------------------------------------------------
 
 def _trial_model(seed: int, image_size: int, optimizer: Any) -> tuple[Any, Any]:
     """The small CheXNet built from ``seed``, and ``optimizer`` built for its weights."""
@@ -318,87 +318,6 @@ def _trial_model(seed: int, image_size: int, optimizer: Any) -> tuple[Any, Any]:
     model = build_chexnet("small", image_size)
     optimizer.build(model.trainable_variables)
     return model, optimizer
-
-
-def conversion_trial(convert: Callable[[Any, Any, Any], Callable[[Any, Any], Any]],
-                     save: Callable[[Any, str], Any], out_dir: str, steps: int = 3,
-                     image_size: int = 32, batch_size: int = 8,
-                     base_lr: float = 1e-3) -> dict[str, Any]:
-    """Run on every engine: try a learner's one-worker -> Horovod conversion.
-
-    ``convert(model, optimizer, loss_fn)`` gets a freshly built small CheXNet (a different
-    random start on every rank, on purpose), its built ``Adam(base_lr)`` and a binary
-    cross-entropy, does what must happen before training, and returns the training step
-    ``step(images, labels)``. Every rank then runs ``steps`` steps on data of its own and
-    calls ``save(model, folder)`` with a folder of its own under ``out_dir``. Returns this
-    rank's sha256 digests of the trainable weights before ``convert`` (``built``), after it
-    (``start``) and after the steps (``end``), the learning rate it left (``lr``), whether it
-    wrote files (``wrote``) and the error it raised (``error``, else ``None``), for
-    :func:`chexnet_utils.notebook.exercises.check_horovod_conversion` to judge.
-    """
-    import os
-
-    import horovod.tensorflow as hvd
-    import keras
-    import tensorflow as tf
-
-    hvd.init()
-    model, optimizer = _trial_model(hvd.rank(), image_size, keras.optimizers.Adam(base_lr))
-    out: dict[str, Any] = {"rank": hvd.rank(), "size": hvd.size(), "base_lr": base_lr,
-                           "built": weights_sha256(model.trainable_weights), "error": None}
-    folder = os.path.join(out_dir, f"rank-{hvd.rank()}")
-    os.makedirs(folder, exist_ok=True)
-    rng = np.random.default_rng(11 + hvd.rank())  # each rank its own data
-    # A function that travelled by value (cloudpickle) has no source file: AutoGraph warns
-    # that it cannot convert it and runs it as written, which is what a step needs.
-    logger, level = tf.get_logger(), tf.get_logger().level
-    logger.setLevel("ERROR")
-    try:
-        step = convert(model, optimizer, keras.losses.BinaryCrossentropy())
-        out["start"] = weights_sha256(model.trainable_weights)
-        out["lr"] = float(np.asarray(optimizer.learning_rate))
-        for _ in range(steps):
-            x, y = random_batch(rng, batch_size, image_size)
-            step(tf.constant(x), tf.constant(y))
-        out["end"] = weights_sha256(model.trainable_weights)
-        save(model, folder)
-        out["wrote"] = bool(os.listdir(folder))
-    except Exception as e:  # the learner's code: report, do not crash the engine
-        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    finally:
-        logger.setLevel(level)
-    return out
-
-
-def conversion_problem(ranks: Sequence[dict[str, Any]]) -> str | None:
-    """What is wrong with a conversion, judged from every rank's :func:`conversion_trial`
-    report (``None``: nothing). In order: an error; different starts (change 5, the
-    broadcast); the learning rate not scaled (3; ``x N`` or ``x sqrt(N)``); different ends
-    (4, the averaging); no update; files from ranks other than 0 (6)."""
-    import math
-
-    size, base = len(ranks), float(ranks[0]["base_lr"])
-    errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r["error"]]
-    if errors:
-        return (f"{errors[0]}. If Horovod cannot key a gradient, ask the tape for those of "
-                "[v.value for v in model.trainable_variables].")
-    if len({r["start"] for r in ranks}) > 1:
-        return ("the ranks start from different weights: broadcast rank 0's model and "
-                "optimizer variables before the first step (change 5).")
-    lrs = {round(float(r["lr"]) / base, 6) for r in ranks}
-    if lrs - {round(size, 6), round(math.sqrt(size), 6)} or len(lrs) > 1:
-        return (f"the learning rate is {sorted(lrs)} x the one-worker value; raise it with "
-                "the workers: x hvd.size() (change 3).")
-    if len({r["end"] for r in ranks}) > 1:
-        return ("the ranks ended with different weights: the gradients were not averaged; "
-                "wrap the tape in hvd.DistributedGradientTape (change 4).")
-    if ranks[0]["end"] == ranks[0]["start"]:
-        return "the weights did not change: does the step apply the gradients?"
-    writers = [r["rank"] for r in ranks if r["wrote"]]
-    if writers != [0]:
-        return (f"ranks {writers} wrote files: write them from rank 0 only, the others "
-                "would overwrite or corrupt them (change 6).")
-    return None
 
 
 def run_on_engines(fn: Callable[..., Any], *args: Any, n_workers: int = 2,

@@ -263,77 +263,59 @@ def test_validation_driven_learning_rate_stays_identical_on_every_rank(cluster, 
     assert results[0]["weights_checksum"] == results[1]["weights_checksum"]
 
 
-# ---- notebook 04's conversion exercise: the check tells the wrong versions apart -------------
+# ---- notebook 04's exercise 6: the conversion under fit, judged by what it does ---------------
 
-def _one_worker(model, optimizer, loss_fn, tape_wrap=False, broadcast=False, scale=False,
-                value=True):
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    if scale:
-        optimizer.learning_rate = optimizer.learning_rate * hvd.size()
-    if broadcast:
-        hvd.broadcast_variables([v.value for v in model.variables + optimizer.variables], 0)
-
-    @tf.function
-    def step(images, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(images, training=True))
-        if tape_wrap:
-            tape = hvd.DistributedGradientTape(tape)
-        variables = [v.value if value else v for v in model.trainable_variables]
-        grads = tape.gradient(loss, variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
-    return step
+def _notebook_solution_6() -> str:
+    """Exercise 6's solution as notebook 04 shows it, with the imports of its starter cell."""
+    nb = json.loads((ROOT / "notebooks" / "04_distributed_training_horovod.ipynb").read_text())
+    cells = {c["id"]: "".join(c["source"]) for c in nb["cells"]}
+    starter = cells["exercise-6-code"].removeprefix("%%px\n")
+    imports = starter[:starter.index("\n\n\ndef ")]
+    body = cells["exercise-6-solution"].split("```python\n", 1)[1].split("```", 1)[0]
+    return imports + "\n\n\n" + body.split("then:\n", 1)[1]
 
 
-def _right(m, o, f):
-    return _one_worker(m, o, f, tape_wrap=True, broadcast=True, scale=True)
+WRONG_6 = {   # the solution with one piece taken out or done wrong -> a phrase of the verdict
+    "no-init": ([("hvd.init()", "pass  #")], "hvd.init()"),
+    "no-shard": ([("ds = ds.shard(hvd.size(), hvd.rank())", "ds = ds")], "sharding"),
+    "steps-not-over-n": ([("steps = n_images // batch_size // hvd.size()",
+                           "steps = n_images // batch_size")], "steps per epoch"),
+    "lr-not-scaled": ([("Adam(lr * hvd.size())", "Adam(lr)"),
+                       ("WarmUp(lr, lr * hvd.size(), steps)", "WarmUp(lr, lr, steps)")],
+                      "learning rate"),
+    "no-warm-up": ([("WarmUp(lr, lr * hvd.size(), steps), ", "")], "warm-up"),
+    "no-tape": ([("tape = hvd.DistributedGradientTape(tape)", "pass  #")], "its own gradient"),
+    "sum": ([("tape = hvd.DistributedGradientTape(tape)",
+              "tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)")], "SUM"),
+    "no-optimizer-broadcast": ([("state = self.model.variables + self.model.optimizer.variables",
+                                 "state = self.model.variables")], "optimizer state"),
+    "no-metric-average": ([(", AverageMetrics()]", "]")], "metrics"),
+    "every-rank-writes": ([("if hvd.rank() == 0:", "if True:")], "rank 0 only"),
+    "keras-variables": ([("tape.gradient(scaled, [v.value for v in self.trainable_variables])",
+                          "tape.gradient(scaled, self.trainable_variables)")], "v.value"),
+}
 
 
-def _no_broadcast(m, o, f):
-    return _one_worker(m, o, f, tape_wrap=True, scale=True)
-
-
-def _no_tape(m, o, f):
-    return _one_worker(m, o, f, broadcast=True, scale=True)
-
-
-def _keras_variables(m, o, f):
-    return _one_worker(m, o, f, tape_wrap=True, broadcast=True, scale=True, value=False)
-
-
-def _save_on_rank_0(model, folder):
-    import os
-
-    import horovod.tensorflow as hvd
-
-    if hvd.rank() == 0:
-        model.save_weights(os.path.join(folder, "model.weights.h5"))
-
-
-def _save_everywhere(model, folder):
-    import os
-
-    model.save_weights(os.path.join(folder, "model.weights.h5"))
-
-
-@pytest.mark.parametrize("answer, hint", [
-    ((_right, _save_on_rank_0), None), ((_no_broadcast, _save_on_rank_0), "broadcast"),
-    ((_no_tape, _save_on_rank_0), "DistributedGradientTape"),
-    ((_right, _save_everywhere), "rank 0 only"),
-    ((_keras_variables, _save_on_rank_0), "no attribute 'ref'")],
-    ids=["right", "no-broadcast", "no-averaging", "every-rank-writes", "keras-variables"])
-def test_conversion_check_tells_wrong_versions_apart(cluster, capsys, answer, hint):
+def test_fit_conversion_check_passes_the_solution_and_names_each_wrong_version(cluster, capsys):
+    """One cluster, the %%px route of the notebook: the solution's source executed on the
+    engines, then the check; then each wrong version the same way."""
     from chexnet_utils.notebook import exercises
 
-    ok = exercises.check_horovod_conversion(answer, run=cluster.run)
-    out = capsys.readouterr().out
-    if hint is None:
-        assert ok and "Correct: " in out, out
-    else:
-        assert not ok and "Not yet: " in out and hint in out, out
+    solution = _notebook_solution_6()
+    cluster.view.execute(solution, block=True)
+    assert exercises.check_fit_conversion(cluster), capsys.readouterr().out
+    faults = {}
+    for name, (edits, phrase) in WRONG_6.items():
+        source = solution
+        for old, new in edits:
+            assert old in source, (name, old)
+            source = source.replace(old, new, 1)
+        cluster.view.execute(source, block=True)
+        ok = exercises.check_fit_conversion(cluster, timeout=120)
+        out = capsys.readouterr().out
+        faults[name] = (ok, phrase in out, out.strip()[-300:])
+    assert {n: f for n, f in faults.items() if f[0] or not f[1]} == {}, faults
+    assert len(faults) >= 8
 
 
 # ---- notebook 04's uneven-shards exercise: hvd.join, then a broadcast ------------------------

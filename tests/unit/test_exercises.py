@@ -275,37 +275,18 @@ def test_notebooks_call_existing_checks_and_every_check_is_used():
     assert public - called == set(), "checks no notebook uses"
 
 
-def _reports(**change):
-    """Two ranks' conversion_trial reports of a correct conversion, with ``change`` applied to
-    rank 1 (or to both for ``lr``)."""
-    ranks = [{"rank": r, "size": 2, "base_lr": 1e-3, "built": f"b{r}", "start": "s", "end": "e",
-              "lr": 2e-3, "wrote": r == 0, "error": None} for r in range(2)]
-    for key, value in change.items():
-        for r in (ranks if key == "lr" else ranks[1:]):
-            r[key] = value
-    return ranks
+def test_fit_conversion_record_ids_round_trip_through_the_labels():
+    from chexnet_utils.notebook.exercises import fit_conversion as fc
+
+    assert [fc.label_id(fc.id_label(i)) for i in range(200)] == list(range(200))
+    assert all(sum(fc.id_label(i)) > 0 for i in range(200))      # never an all-zero label
 
 
-@pytest.mark.parametrize("change, hint", [
-    ({"error": "AttributeError: 'Variable' object has no attribute 'ref'"}, "v.value"),
-    ({"start": "other"}, "broadcast"),           # no hvd.broadcast_variables
-    ({"lr": 1e-3}, "learning rate"),              # the one-worker learning rate
-    ({"end": "other"}, "DistributedGradientTape"),  # gradients not averaged
-    ({"wrote": True}, "rank 0 only"),             # every rank writes its checkpoint
-])
-def test_horovod_conversion_wrong_versions_get_their_hint(change, hint):
-    from chexnet_utils.training.horovod_keras import conversion_problem
+def test_fit_conversion_names_an_error_with_its_hint():
+    from chexnet_utils.notebook.exercises import fit_conversion as fc
 
-    assert hint in (conversion_problem(_reports(**change)) or "")
-
-
-def test_horovod_conversion_right_versions_pass(capsys):
-    from chexnet_utils.training.horovod_keras import conversion_problem
-
-    assert conversion_problem(_reports()) is None
-    assert conversion_problem(_reports(lr=1e-3 * math.sqrt(2))) is None
-    assert exercises.check_horovod_conversion(None) is False
-    assert verdict(capsys, exercises.check_horovod_conversion(print)) is False  # not a pair
+    ranks = [{"rank": 0, "error": "AttributeError: 'Variable' object has no attribute 'ref'"}]
+    assert "v.value" in fc.fit_conversion_problems(ranks)[0]
 
 
 def test_uneven_shards_verdicts(capsys):

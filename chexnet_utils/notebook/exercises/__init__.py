@@ -30,7 +30,7 @@ notebook exercise                      check
 03       3 CAM (your function)         :func:`check_cam`
 03       4 old pipeline, full size     :func:`check_full_size_prediction`
 04       4 old pipeline on n workers   :func:`check_old_pipeline_efficiency`
-04       6 your Horovod conversion     :func:`check_horovod_conversion`
+04       6 conversion under ``fit``  :func:`check_fit_conversion`
 04       7 uneven shards, ``hvd.join`` :func:`check_uneven_shards`
 05       1, 2 predicted efficiency     :func:`check_efficiency`
 05       3 parameter-server shards     :func:`check_ps_shards`
@@ -52,6 +52,7 @@ from chexnet_utils.notebook.exercises.environment_data import (
                                                       check_shard_layout,
                                                       check_thread_budget,
 )
+from chexnet_utils.notebook.exercises.fit_conversion import check_fit_conversion
 from chexnet_utils.notebook.exercises.input_pipeline import (
                                                       SERIAL_MAX_SPEEDUP,
                                                       STEP_TIME_KEYS,
@@ -63,7 +64,6 @@ from chexnet_utils.notebook.exercises.input_pipeline import (
 )
 from chexnet_utils.notebook.exercises.many_workers import (
                                                       check_efficiency,
-                                                      check_horovod_conversion,
                                                       check_old_pipeline_efficiency,
                                                       check_ps_shards,
                                                       check_uneven_shards,
@@ -83,9 +83,9 @@ __all__ = [
     "check_cache_placement",
     "check_cam",
     "check_efficiency",
+    "check_fit_conversion",
     "check_full_size_prediction",
     "check_gpu_capabilities",
-    "check_horovod_conversion",
     "check_images_per_patient",
     "check_list_files_fix",
     "check_old_pipeline_efficiency",

@@ -101,34 +101,6 @@ def check_ps_shards(answer: int | None, n_workers: int = 64) -> bool:
          "set N x size / k <= 2(N-1)/N x size and solve for the smallest whole k."))
 
 
-def check_horovod_conversion(answer: tuple[Callable[..., Any], Callable[..., Any]] | None,
-                             n_workers: int = 2,
-                             run: Callable[..., list[dict[str, Any]]] | None = None) -> bool:
-    """04 exercise 6: ``answer = (to_horovod, save)``, your conversion of a one-worker step
-    (``to_horovod(model, optimizer, loss_fn)`` returns ``step(images, labels)``) and of its
-    checkpoint (``save(model, folder)``), run on fresh engines (or through ``run``) by
-    :func:`chexnet_utils.training.horovod_keras.conversion_trial`; the ranks compared."""
-    import tempfile
-
-    from chexnet_utils.training.horovod_keras import (
-        conversion_problem,
-        conversion_trial,
-        run_on_engines,
-    )
-
-    if missing(answer, "convert the two functions above and set answer = (to_horovod, save)"):
-        return False
-    if callable(answer) or len(answer) != 2:
-        return verdict(False, "", "answer is the pair of your two functions: "
-                        "answer = (to_horovod, save).")
-    with tempfile.TemporaryDirectory(prefix="chexnet-ex6-") as out:
-        ranks = run_on_engines(conversion_trial, *answer, out, n_workers=n_workers, run=run)
-    problem = conversion_problem(ranks)
-    return verdict(problem is None, f"{len(ranks)} ranks started from rank 0's weights, "
-                    "trained on their own data and ended identical, with the learning rate "
-                    "scaled; only rank 0 wrote its checkpoint.", problem or "")
-
-
 def check_uneven_shards(answer: Callable[..., Any] | None, n_workers: int = 2,
                         run: Callable[..., list[Any]] | None = None, timeout: float = 90) -> bool:
     """04 exercise 7: your ``train_all(step, batches, model)`` on shards of unequal size
