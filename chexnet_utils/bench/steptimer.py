@@ -287,6 +287,17 @@ def mwms_setup_on_engine(ports: Sequence[int], implementation: str = "ring") -> 
             "implementation": implementation, "exposure": exposure}
 
 
+def adopt_mwms_strategy(strategy: Any, ports: Sequence[int]) -> None:
+    """Keep a ``MultiWorkerMirroredStrategy`` made in a notebook cell (notebook 06 writes the
+    set-up out) as this process's, for :func:`mwms_throughput_on_engine`; as
+    :func:`mwms_setup_on_engine` would have kept its own. Run on a worker."""
+    key = ",".join(str(p) for p in ports)
+    if _MWMS and _MWMS.get("key") != key:
+        raise RuntimeError("this process already has a MultiWorkerMirroredStrategy for other "
+                           "ports; TensorFlow cannot create a second one (restart the engines)")
+    _MWMS.update(key=key, strategy=strategy)
+
+
 def mwms_strategy() -> Any:
     """This process's ``MultiWorkerMirroredStrategy``, made by :func:`mwms_setup_on_engine`
     (TensorFlow allows one per process). Run on a worker."""
