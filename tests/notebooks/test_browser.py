@@ -36,6 +36,19 @@ from chexnet_utils.lab import (
 from tests.notebooks.conftest import NOTEBOOKS
 from tests.support.lab_server import PROJECT_KERNEL_DISPLAY, heading_text, notebook_title
 
+COLLAPSED_TITLE_BLOCKS = 3   # notebooks whose title cell holds a collapsed block, at least
+
+
+def first_markdown(notebook) -> str:  # noqa: ANN001
+    """The source of the notebook's first markdown cell (its title cell)."""
+    cells = json.loads(notebook.read_text())["cells"]
+    return next("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+def test_title_cells_hold_collapsed_blocks_the_browser_test_opens():
+    """Enough title cells carry a <details> block for the browser check to see one render."""
+    assert sum("<details>" in first_markdown(nb) for nb in NOTEBOOKS[1:]) >= COLLAPSED_TITLE_BLOCKS
+
 TIMEOUT_MS = 90_000   # per notebook: JupyterLab's first load on a busy 2-core machine
 
 
@@ -222,6 +235,13 @@ def test_notebook_renders_title_with_project_kernel(lab, lab_page, shots, notebo
             PROJECT_KERNEL_DISPLAY, timeout=TIMEOUT_MS)
         expect(page.locator(
             '.jp-SideBar .lm-TabBar-tab[title="IPython Parallel"]')).to_have_count(1)
+        if "<details>" in first_markdown(notebook):   # the title cell's collapsed block
+            block = panel.locator(".jp-RenderedMarkdown").first.locator("details").first
+            expect(block.locator("summary")).to_be_visible(timeout=TIMEOUT_MS)
+            assert block.get_attribute("open") is None, "a <details> block renders open"
+            # the markdown inside rendered as HTML (a blank line after </summary>), hidden
+            assert block.locator("p, ul, ol, pre, table").count() > 0
+            expect(block.locator("p, ul, ol, pre, table").first).to_be_hidden()
         deadline = time.monotonic() + TIMEOUT_MS / 1000
         while True:   # the kernel behind the selector really is the project kernel, alive
             kernels = [s["kernel"] for s in lab.request("/api/sessions")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from chexnet_utils.notebook import reading
 from chexnet_utils.notebook.clean import clean_notebook
 from tests.support.notebook_lint import (
     PROSE_NUMBER_OK,
@@ -20,6 +21,39 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_committed_notebook_is_clean(notebook):
     assert hygiene_problems(notebook) == []
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_collapsed_blocks_render(notebook):
+    """Every <details> block closes, none nests, and a blank line follows its summary (else
+    JupyterLab shows the markdown inside as raw text)."""
+    assert reading.details_problems(notebook) == []
+
+
+def test_the_core_path_reads_in_one_sitting_per_notebook():
+    """Issue #47: visible markdown (outside <details>) at most 2,500 words per notebook and
+    18k over the course; depth goes into collapsed blocks, not away."""
+    words = {nb.name: reading.visible_words(nb) for nb in NOTEBOOKS}
+    over = {n: w for n, w in words.items() if w > reading.MAX_WORDS_PER_NOTEBOOK}
+    assert over == {}, f"visible words over {reading.MAX_WORDS_PER_NOTEBOOK}: {over}"
+    assert sum(words.values()) <= reading.MAX_WORDS_TOTAL, words
+
+
+def test_visible_words_skip_collapsed_blocks(tmp_path):
+    text = ("one two\n\n<details><summary>Deeper: x</summary>\n\nhidden words here\n\n"
+            "</details>\nthree")
+    assert len(reading.visible_markdown(text).split()) == 3
+    nb = tmp_path / "n.ipynb"
+    nb.write_text(json.dumps({"cells": [
+        {"cell_type": "markdown", "id": "a", "metadata": {}, "source": [text]},
+        {"cell_type": "markdown", "id": "b", "metadata": {},
+         "source": ["<details><summary>S</summary>\nraw\n</details>"]},
+        {"cell_type": "markdown", "id": "c", "metadata": {}, "source": ["<details>open"]}],
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert reading.visible_words(nb) == 3 + 0 + 1      # an unclosed block is not collapsed
+    problems = reading.details_problems(nb)
+    assert any(p.startswith("b: no blank line") for p in problems)
+    assert any(p.startswith("c: a <details> block is not closed") for p in problems)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
