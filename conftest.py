@@ -21,11 +21,13 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
 from chexnet_utils.platform.processes import command_lifetime
 from tests.support.suite_times import (
+    agenda_report,
     budget_minutes,
     busy_share,
     cpu_ticks,
@@ -47,6 +49,8 @@ _phase_seconds: dict[tuple[str, str], float] = defaultdict(float)
 _setup_seconds: dict[str, float] = {}
 _session_ticks: list = [None]
 _notebook_ticks: dict[str, list] = {}  # notebook -> [ticks at its first cell, after its last]
+_cell_seconds: dict[str, dict[int, float]] = defaultdict(dict)  # notebook -> {code cell: s}
+ROOT = Path(__file__).resolve().parent
 
 
 def _workers(config: pytest.Config) -> int:
@@ -120,6 +124,9 @@ def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201
         _other_seconds[0] += report.duration
     else:
         _notebook_seconds[nb] += report.duration
+        cell = report.nodeid.rpartition("::Cell ")[2]
+        if report.when == "call" and cell.isdigit():
+            _cell_seconds[nb][int(cell)] = report.duration
 
 
 def pytest_terminal_summary(terminalreporter, config):  # noqa: ANN001, ANN201
@@ -165,3 +172,10 @@ def pytest_terminal_summary(terminalreporter, config):  # noqa: ANN001, ANN201
     floor_note = work_floor_note(stages, os.cpu_count() or 1, budget)
     if floor_note:
         terminalreporter.write_line(floor_note)
+    if _cell_seconds:
+        terminalreporter.write_sep("=", "the workshop agenda against this run")
+        try:
+            report = agenda_report(ROOT, dict(_cell_seconds))
+        except Exception as e:  # a table must never fail the run it reports on
+            report = f"agenda check failed: {type(e).__name__}: {e}"
+        terminalreporter.write_line(report)

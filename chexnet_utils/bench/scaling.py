@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -271,6 +271,35 @@ class ScalingResult:
         if self.emulated is not None:
             d["emulated"] = self.emulated.as_dict()
         return d
+
+    def merged(self, other: ScalingResult) -> ScalingResult:
+        """This measurement and ``other``, more worker counts with the same settings, as one
+        result: what :func:`bench_scaling` returns for both lists of worker counts (it times
+        each worker count on a cluster of its own in any case). Notebook 04 times 1 worker and
+        N workers in two cells, so that no cell keeps a learner waiting a minute."""
+        same = ("pipelines", "arch", "image_size", "batch_size_per_worker", "steps",
+                "warmup_steps", "repeats", "bind_to", "env", "tfrecords")
+        differ = [f for f in same if getattr(self, f) != getattr(other, f)]
+        if (self.emulated is None) != (other.emulated is None) or (
+                self.emulated and other.emulated
+                and self.emulated.accelerator_ms != other.emulated.accelerator_ms):
+            differ.append("emulated")
+        if differ:
+            raise ValueError(f"cannot merge measurements taken with other settings: {differ}")
+        twice = sorted(set(self.workers) & set(other.workers))
+        if twice:
+            raise ValueError(f"both measured worker counts {twice}")
+
+        def block(a: ScalingBlock, b: ScalingBlock) -> ScalingBlock:
+            return ScalingBlock({p: {**a.runs[p], **b.runs[p]} for p in a.runs},
+                                accelerator_ms=a.accelerator_ms)
+
+        return replace(self, workers=[*self.workers, *other.workers],
+                       cpu=block(self.cpu, other.cpu),
+                       engine_env={**self.engine_env, **other.engine_env},
+                       cluster_seconds={**self.cluster_seconds, **other.cluster_seconds},
+                       emulated=block(self.emulated, other.emulated)
+                       if self.emulated and other.emulated else None)
 
     def _table(self, block: ScalingBlock) -> list[str]:
         """One block's lines: a row per worker count, images/s and efficiency per

@@ -193,3 +193,34 @@ def format_layer_times(phase_seconds: Mapping[tuple[str, str], float],
         lines.append(f"slowest setups (fixtures) of {len(setups)} tests:")
         lines += [f"  {s:7.1f} s  {nodeid}" for nodeid, s in slow]
     return "\n".join(lines)
+
+
+def agenda_report(root: Path, cell_seconds: Mapping[str, Mapping[int, float]]) -> str:
+    """Write this run's cell times to ``build/cell-times.json`` (by notebook file name and cell
+    id, merged into what is there) and return :func:`chexnet_utils.notebook.agenda.check`'s
+    table and problems: the agenda of ``docs/facilitator.md`` against this run."""
+    import json
+
+    from chexnet_utils.notebook import agenda
+    from chexnet_utils.notebook.cells import read_cells
+
+    ours = {nb: cells for nb, cells in cell_seconds.items()
+            if (root / nb).parent == root / "notebooks" and (root / nb).exists()}
+    if not ours:
+        return "no notebook of notebooks/ ran: cell times and agenda not checked"
+    out = root / "build" / "cell-times.json"
+    times = agenda.read_cell_times(out) if out.exists() else {}
+    for nb, cells in ours.items():
+        path = root / nb
+        ids = [str(c.get("id", "")) for c in read_cells(path) if c["cell_type"] == "code"]
+        times[path.name] = {ids[i]: round(s, 2) for i, s in sorted(cells.items()) if i < len(ids)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
+    notebooks = sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    try:
+        rows = agenda.read_agenda((root / "docs" / "facilitator.md").read_text())
+    except ValueError as e:
+        return f"cell times written to {out}; agenda: {e}"
+    lines, problems = agenda.check(notebooks, rows, times)
+    return "\n".join([f"cell times written to {out}", *lines,
+                      *(f"agenda problem: {p}" for p in problems)])

@@ -97,6 +97,34 @@ def _scaling_result(emulated: bool = True):
         emulated=accel if emulated else None)
 
 
+def test_scaling_results_of_two_cells_merge_into_one():
+    """Notebook 04 times 1 worker and N workers in two cells; merged, they are the one
+    measurement bench_scaling would return for both."""
+    import dataclasses
+
+    import pytest
+
+    whole = _scaling_result()
+
+    def only(n):
+        def block(b):
+            return dataclasses.replace(b, runs={p: {n: v[n]} for p, v in b.runs.items()})
+        return dataclasses.replace(whole, workers=[n], cpu=block(whole.cpu),
+                                   emulated=block(whole.emulated),
+                                   engine_env={n: whole.engine_env[n]},
+                                   cluster_seconds={n: whole.cluster_seconds[n]})
+
+    assert only(1).merged(only(2)) == whole
+    assert only(1).merged(only(2)).efficiency == {"old": {1: 1.0, 2: 0.75},
+                                                  "new": {1: 1.0, 2: 0.9}}
+    with pytest.raises(ValueError, match="both measured worker counts"):
+        whole.merged(only(2))
+    with pytest.raises(ValueError, match="steps"):
+        only(1).merged(dataclasses.replace(only(2), steps=99))
+    with pytest.raises(ValueError, match="emulated"):
+        only(1).merged(dataclasses.replace(only(2), emulated=None))
+
+
 def test_scaling_result_derived_figures_and_table():
     """Means over the repeats and the efficiency from known runs, and the table's text."""
     r = _scaling_result()
