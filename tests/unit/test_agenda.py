@@ -54,3 +54,25 @@ def test_parts_split_at_sections_and_exercises_and_the_check_finds_each_fault(tm
     assert any("lists 04 §9, which no notebook has" in p for p in problems)
     assert any(p.startswith("the one day plan takes") for p in problems)
     assert any(p.startswith("a core-path cell takes 90 s") for p in problems)
+
+
+def test_make_test_reports_the_agenda_even_where_it_cannot_write(tmp_path):
+    """make test's closing hook: the cell times go to build/cell-times.json by cell id; where
+    build/ is not writable (another account's checkout) it says so and goes on."""
+    from tests.support.suite_times import agenda_report
+
+    (tmp_path / "notebooks").mkdir()
+    _notebook(tmp_path / "notebooks", [("markdown", "t", "# 04 · X"), ("code", "c0", "x = 1")])
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "facilitator.md").write_text("no table here\n")
+    report = agenda_report(tmp_path, {"notebooks/04_x.ipynb": {0: 1.5}})
+    assert report.startswith(f"cell times written to {tmp_path / 'build' / 'cell-times.json'}")
+    assert json.loads((tmp_path / "build" / "cell-times.json").read_text()) == {
+        "04_x.ipynb": {"c0": 1.5}}
+    assert "agenda: no agenda table" in report
+    (tmp_path / "build" / "cell-times.json").unlink()
+    (tmp_path / "build").rmdir()
+    (tmp_path / "build").write_text("a file where the folder should be")
+    assert agenda_report(tmp_path, {"notebooks/04_x.ipynb": {0: 1.5}}).startswith(
+        "cell times not written")
+    assert agenda_report(tmp_path, {"elsewhere/x.ipynb": {0: 1.0}}).startswith("no notebook")
