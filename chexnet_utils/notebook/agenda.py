@@ -176,8 +176,9 @@ def check(notebooks: Sequence[Path], agenda: Sequence[AgendaRow],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the agenda check: ``[--times FILE] [--agenda FILE]`` (defaults: the newest of
-    ``build/cell-times.json`` and ``docs/cell-times.json``; ``docs/facilitator.md``)."""
+    """Print the agenda check: ``[--times FILE] [--agenda FILE]`` (defaults: this checkout's
+    last ``make test`` run, ``build/cell-times.json``, else the committed
+    ``docs/cell-times.json``; ``docs/facilitator.md``)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m chexnet_utils.notebook.agenda",

@@ -287,7 +287,7 @@ WRONG_6 = {   # the solution with one piece taken out or done wrong -> a phrase 
     "no-tape": ([("tape = hvd.DistributedGradientTape(tape)", "pass  #")], "its own gradient"),
     "sum": ([("tape = hvd.DistributedGradientTape(tape)",
               "tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)")], "SUM"),
-    "no-optimizer-broadcast": ([("state = self.model.variables + self.model.optimizer.variables",
+    "no-optimizer-broadcast": ([("state = self.model.variables + opt.variables",
                                  "state = self.model.variables")], "optimizer state"),
     "no-metric-average": ([(", AverageMetrics()]", "]")], "metrics"),
     "every-rank-writes": ([("if hvd.rank() == 0:", "if True:")], "rank 0 only"),

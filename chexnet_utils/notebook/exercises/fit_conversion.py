@@ -9,8 +9,8 @@ those on every engine and observes each of Horovod's changes by what it does, ne
 the code:
 
 1. ``hvd.init()``: Horovod is shut down before ``setup_worker()`` and must be up after it.
-2. pinning: ``setup_worker()`` runs while TensorFlow pretends to see two GPUs; the one made
-   visible must be ``gpus[hvd.local_rank()]``.
+2. pinning: ``setup_worker()`` runs while TensorFlow pretends to see one GPU per engine; the
+   one made visible must be ``gpus[hvd.local_rank()]``.
 3. sharding: the IDs of the records ``make_dataset`` yields for one epoch of steps; the ranks'
    must not overlap.
 4. steps per epoch: ``fit``'s own count (``params["steps"]``) must be ``n_images // batch /
@@ -20,9 +20,10 @@ the code:
 6. averaging: after training, one eager ``train_step`` with SGD(1) on a different batch per
    rank: the update must be the *average* of the ranks' gradients (not the rank's own, not
    the sum), computed by the check with a plain tape and ``hvd.allgather``.
-7. broadcast: before ``fit``'s first step the check shifts the optimizer state of ranks > 0
-   (as a resume that read different files would); after the first step every rank must hold
-   rank 0's weights *and* optimizer state.
+7. broadcast: before ``fit``'s first step the check builds the optimizer and shifts the
+   optimizer state (step count, Adam's m and v) of ranks > 0, as a resume that read different
+   files would; after the first step every rank must hold rank 0's weights *and* optimizer
+   state.
 8. metric averaging: every rank's epoch logs (``loss``) must be equal.
 9. rank-0 files: each rank gets an ``out_dir`` of its own; only rank 0's may hold files.
 
@@ -90,11 +91,11 @@ def write_trial_shards(out_dir: str | Path, n_files: int = N_FILES,
 
 # ---- on every engine ---------------------------------------------------------------------------
 
-def _fake_gpus(tf: Any) -> tuple[list[Any], dict[str, Any], Callable[[], None]]:
-    """Make ``tf.config`` pretend there are two GPUs; record what is made visible. Returns the
-    fake devices, the record and a function that undoes it."""
+def _fake_gpus(tf: Any, n: int) -> tuple[list[Any], dict[str, Any], Callable[[], None]]:
+    """Make ``tf.config`` pretend there are ``n`` GPUs; record what is made visible. Returns
+    the fake devices, the record and a function that undoes it."""
     gpus = [tf.config.PhysicalDevice(name=f"/physical_device:GPU:{i}", device_type="GPU")
-            for i in range(2)]
+            for i in range(n)]
     seen: dict[str, Any] = {"visible": None}
 
     def list_devices(device_type: str | None = None) -> list[Any]:
@@ -137,9 +138,12 @@ def _probes(report: dict[str, Any]) -> tuple[Any, Any]:
         def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
             opt = self.model.optimizer
             report["model"] = self.model
-            if hvd.rank() > 0 and opt.variables:       # iterations, then Adam's m and v
+            if not opt.built:        # Keras builds Adam's m and v only at the first step
+                opt.build(self.model.trainable_variables)
+            if hvd.rank() > 0:       # the step count, Adam's m and v; not the learning rate
                 for v in opt.variables:
-                    v.assign(v + (3 * hvd.rank() if "iteration" in v.name else 0.01))
+                    if "learning_rate" not in v.name:
+                        v.assign(v + (3 * hvd.rank() if "iteration" in v.name else 0.01))
 
     class Last(keras.callbacks.Callback):
         def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -230,10 +234,11 @@ def fit_conversion_trial(names: dict[str, Any], files: Sequence[str], out_root: 
     :func:`fit_conversion_problems`. Leaves Horovod initialised, as it found it."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
+    from mpi4py import MPI
 
-    report: dict[str, Any] = {"error": None}
+    report: dict[str, Any] = {"error": None, "n_images": len(files) * PER_FILE}
     hvd.shutdown()                                   # so that change 1 shows
-    gpus, seen, undo_gpus = _fake_gpus(tf)
+    gpus, seen, undo_gpus = _fake_gpus(tf, max(2, MPI.COMM_WORLD.Get_size()))
     try:
         names["setup_worker"]()
     except Exception as e:  # the learner's code: report, do not crash the engine
@@ -246,7 +251,7 @@ def fit_conversion_trial(names: dict[str, Any], files: Sequence[str], out_root: 
     rank, size = hvd.rank(), hvd.size()
     report.update(rank=rank, size=size, visible=seen["visible"],
                   want_visible=[gpus[hvd.local_rank() % len(gpus)].name])
-    n_images = len(files) * PER_FILE
+    n_images = report["n_images"]
     out_dir = os.path.join(out_root, f"rank-{rank}")
     os.makedirs(out_dir, exist_ok=True)
     logger, level = tf.get_logger(), tf.get_logger().level
@@ -299,14 +304,34 @@ def run_fit_conversion(names: dict[str, Any] | None, files: Sequence[str], out_r
 
 HINTS = (
     ("not been initialized", "call hvd.init() first, in setup_worker() (change 1)"),
-    ("object has no attribute 'ref'", "ask the tape for the gradients of "
-     "[v.value for v in self.trainable_variables]: Horovod keys tf.Variables, not Keras "
-     "variables"),
-    ("'list' object is not callable", "Horovod 0.28.1's Keras callbacks and states call "
-     "optimizer.variables(), a list on Keras 3: use callbacks of your own (section 3.0)"),
+    ("object has no attribute 'ref'", "Horovod works on tf.Variables, not Keras variables: "
+     "ask the tape for the gradients of [v.value for v in self.trainable_variables] and "
+     "broadcast [v.value for v in ...]; Horovod's own Keras callbacks fail this way on "
+     "Keras 3: use those of section 2.3"),
     ("keras.backend", "Horovod 0.28.1's Keras callbacks use Keras 2's backend; on Keras 3 "
-     "use callbacks of your own (section 3.0)"),
+     "use those of section 2.3"),
 )
+
+
+def _update_problems(ranks: Sequence[dict[str, Any]]) -> list[str]:
+    """Averaging, then broadcast (a rank whose gradients are not averaged drifts whatever it
+    started from, so the broadcast is judged only once the averaging is right)."""
+    out: list[str] = []
+    kinds = [min(r["update"], key=r["update"].get) for r in ranks]
+    errs = [min(r["update"].values()) for r in ranks]
+    if set(kinds) == {"sum"} and max(errs) < 1e-3:
+        out.append("averaging: the update is the SUM of the ranks' gradients, N times too "
+                   "large; average them (hvd.DistributedGradientTape's default, op=hvd.Average).")
+    elif set(kinds) != {"average"} or max(errs) > 1e-3:
+        out.append("averaging: each rank's update is its own gradient; wrap the tape in "
+                   "train_step: tape = hvd.DistributedGradientTape(tape) (change 4).")
+    elif len({r["step1"][0] for r in ranks}) > 1 and len({r["begin"] for r in ranks}) > 1:
+        out.append("broadcast: the ranks trained from different weights; broadcast rank 0's "
+                   "model and optimizer variables when training begins (change 5).")
+    elif len({r["step1"][0] for r in ranks}) > 1 or len({r["step1"][1] for r in ranks}) > 1:
+        out.append("broadcast: the weights agree but the optimizer state (iterations, Adam's "
+                   "m and v) does not; broadcast model.optimizer.variables too (change 5).")
+    return out
 
 
 def fit_conversion_problems(ranks: Sequence[dict[str, Any]]) -> list[str]:
@@ -323,14 +348,15 @@ def fit_conversion_problems(ranks: Sequence[dict[str, Any]]) -> list[str]:
         out.append("setup_worker() did not initialise Horovod: hvd.init() (change 1).")
     if any(r["visible"] != r["want_visible"] for r in ranks):
         got = {r["rank"]: r["visible"] for r in ranks}
-        out.append(f"pinning: on a node with two GPUs the ranks made {got} visible; each must "
-                   "see only gpus[hvd.local_rank()] (tf.config.set_visible_devices, change 2).")
+        out.append(f"pinning: on a node with a GPU per engine the ranks made {got} visible; "
+                   "each must see only gpus[hvd.local_rank()] "
+                   "(tf.config.set_visible_devices, change 2).")
     ids = [set(r["ids"]) for r in ranks]
     if any(a & b for i, a in enumerate(ids) for b in ids[i + 1:]):
         out.append("sharding: the ranks read the same records in one epoch; shard the file "
                    "names first: ds.shard(hvd.size(), hvd.rank()) right after "
                    "from_tensor_slices(files).")
-    n_images = N_FILES * PER_FILE
+    n_images = int(ranks[0]["n_images"])
     want_steps = n_images // BATCH_SIZE // size
     if any(r["steps"] != want_steps for r in ranks):
         out.append(f"steps per epoch: fit ran {ranks[0]['steps']} per epoch; with {size} "
@@ -339,30 +365,21 @@ def fit_conversion_problems(ranks: Sequence[dict[str, Any]]) -> list[str]:
     ratio = lrs[-1] / base if lrs else 1.0
     if not any(math.isclose(ratio, k, rel_tol=1e-3) for k in (size, math.sqrt(size))):
         out.append(f"learning rate: it ended at {ratio:.3g} x the one-worker rate; scale it "
-                   "by hvd.size() (change 3).")
+                   "by hvd.size() (change 3), and let the warm-up reach it within the first "
+                   "epoch (the check trains two short ones).")
     elif lrs[0] >= lrs[-1] * 0.999:
         out.append("warm-up: the first step already used the scaled rate; start at the "
-                   "one-worker rate and ramp up over the first epoch (Goyal et al. 2017).")
-    kinds = [min(r["update"], key=r["update"].get) for r in ranks]
-    errs = [min(r["update"].values()) for r in ranks]
-    if set(kinds) == {"sum"} and max(errs) < 1e-3:
-        out.append("averaging: the update is the SUM of the ranks' gradients, N times too "
-                   "large; average them (hvd.DistributedGradientTape's default, op=hvd.Average).")
-    elif set(kinds) != {"average"} or max(errs) > 1e-3:
-        out.append("averaging: each rank's update is its own gradient; wrap the tape in "
-                   "train_step: tape = hvd.DistributedGradientTape(tape) (change 4).")
-    elif len({r["step1"][0] for r in ranks}) > 1 and len({r["begin"] for r in ranks}) > 1:
-        out.append("broadcast: the ranks trained from different weights; broadcast rank 0's "
-                   "model and optimizer variables when training begins (change 5).")
-    elif len({r["step1"][0] for r in ranks}) > 1 or len({r["step1"][1] for r in ranks}) > 1:
-        out.append("broadcast: the weights agree but the optimizer state (iterations, Adam's "
-                   "m and v) does not; broadcast model.optimizer.variables too (change 5).")
+                   "one-worker rate and ramp up to it over the first epoch (Goyal et al. "
+                   "2017 warm up ImageNet over 5 epochs; the check's run has 2 short ones).")
+    out += _update_problems(ranks)
     losses = [tuple(round(v, 6) for v in r.get("epoch_loss", [])) for r in ranks]
     if len(set(losses)) > 1:
         out.append("metrics: each rank logged the loss of its own shard; average the epoch's "
                    "logs over the ranks before the logger and checkpoint read them.")
     writers = [r["rank"] for r in ranks if r["wrote"]]
-    if writers != [0]:
+    if not writers:
+        out.append("files: rank 0 wrote no checkpoint or log into the out_dir it was given.")
+    elif writers != [0]:
         out.append(f"files: ranks {writers} wrote checkpoints or logs; rank 0 only (change 6).")
     return out
 
@@ -373,8 +390,8 @@ def check_fit_conversion(cluster: Any, names: dict[str, Any] | None = None,
     ``make_dataset``, ``CheXNet``, ``train`` on the engines of ``cluster``, an
     :class:`~chexnet_utils.cluster.distributed.MPICluster`), run under ``fit`` on every engine
     and judged by what it does; ``names`` passes the four by value instead (tests)."""
-    with tempfile.TemporaryDirectory(prefix="chexnet-ex6-") as tmp:
-        files = write_trial_shards(Path(tmp) / "shards")
+    with tempfile.TemporaryDirectory(prefix="chexnet-ex6-") as tmp:   # >= 2 files per rank
+        files = write_trial_shards(Path(tmp) / "shards", max(N_FILES, 2 * int(cluster.n)))
         out_root = str(Path(tmp) / "out")
         ranks = cluster.run(run_fit_conversion, names, files, out_root, timeout=timeout)
     problems = fit_conversion_problems(ranks)
