@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from chexnet_utils.notebook.exercises.verdict import verdict
+from chexnet_utils.training.horovod_keras import random_batch, weights_sha256
 
 NAMES = ("setup_worker", "make_dataset", "CheXNet", "train")
 N_FILES, PER_FILE, IMAGE_SIZE, BATCH_SIZE, EPOCHS = 4, 16, 32, 8, 2   # the trial's run
@@ -122,12 +123,6 @@ def _fake_gpus(tf: Any, n: int) -> tuple[list[Any], dict[str, Any], Callable[[],
     return gpus, seen, undo
 
 
-def _digest(variables: Sequence[Any]) -> str:
-    from chexnet_utils.training.horovod_keras import weights_sha256
-
-    return weights_sha256(variables)
-
-
 def _probes(report: dict[str, Any]) -> tuple[Any, Any]:
     """The check's two callbacks: ``first`` (before the learner's: shifts the optimizer state
     of ranks > 0 at the start) and ``last`` (after them: records what the learner's did)."""
@@ -149,15 +144,15 @@ def _probes(report: dict[str, Any]) -> tuple[Any, Any]:
         def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
             report["steps"] = self.params.get("steps")
             report["lrs"] = []
-            report["begin"] = _digest(self.model.trainable_weights)
+            report["begin"] = weights_sha256(self.model.trainable_weights)
 
         def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             report["lrs"].append(float(np.asarray(self.model.optimizer.learning_rate)))
 
         def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             if "step1" not in report:
-                report["step1"] = (_digest(self.model.trainable_weights),
-                                   _digest(self.model.optimizer.variables))
+                report["step1"] = (weights_sha256(self.model.trainable_weights),
+                                   weights_sha256(self.model.optimizer.variables))
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             report.setdefault("epoch_loss", []).append(float((logs or {}).get("loss", np.nan)))
@@ -200,10 +195,8 @@ def _update_kind(model: Any, rank: int) -> dict[str, float]:
     import keras
     import tensorflow as tf
 
-    rng = np.random.default_rng(100 + rank)
-    size = IMAGE_SIZE
-    x = tf.constant(rng.normal(size=(4, size, size, 3)).astype("float32"))
-    y = tf.constant((rng.random((4, 14)) < 0.3).astype("float32"))
+    x, y = (tf.constant(a) for a in random_batch(np.random.default_rng(100 + rank), 4,
+                                                 IMAGE_SIZE))
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
         loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True), training=True)
@@ -268,7 +261,7 @@ def fit_conversion_trial(names: dict[str, Any], files: Sequence[str], out_root: 
             model = report.pop("model", None)
             if model is None:
                 raise RuntimeError("train() did not call fit() on a CheXNet model")
-            report["end"] = _digest(model.trainable_weights)
+            report["end"] = weights_sha256(model.trainable_weights)
             report["update"] = _update_kind(model, rank)
     except Exception as e:  # the learner's code: report, do not crash the engine
         report["error"] = _error(e)
