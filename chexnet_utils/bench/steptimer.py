@@ -281,7 +281,7 @@ def mwms_setup_on_engine(ports: Sequence[int], implementation: str = "ring") -> 
             f"{e}. MultiWorkerMirroredStrategy must be created before any other TensorFlow "
             "op runs in this process: call mwms_setup_on_engine first on freshly started "
             "engines") from e
-    _MWMS.update(key=key, strategy=strategy)
+    adopt_mwms_strategy(strategy, ports)
     return {"rank": rank, "replicas": strategy.num_replicas_in_sync, "reused": False,
             "tf_config": json.loads(os.environ["TF_CONFIG"]),
             "implementation": implementation, "exposure": exposure}
