@@ -125,6 +125,9 @@ class Scale:
     feeding_repeats: int = 1
     """Runs per measurement in notebook 07 (one: it shows the tools; notebook 02 measures
     with ``bench_repeats``)."""
+    elastic_epochs: int = 10
+    """Epochs of notebook 10's elastic run and of its checkpoint-restart baseline (a worker is
+    killed in the second, one added back later)."""
     service_warmup: int = 3
     """Untimed trainer steps before notebook 07's tf.data service scenario is timed."""
 
@@ -134,7 +137,8 @@ SCALES: dict[str, Scale] = {
                 batch_size=16, epochs=5, max_workers=2, shard_size=32, bench_batches=5,
                 bench_repeats=2, bench_steps=6, scaling_batch_size=8, scaling_warmup_steps=16,
                 comm_max_mb=32.0, comm_repeats=5, comm_image_size=64,
-                comm_cycle_time_clusters=False, feeding_shards=3),
+                comm_cycle_time_clusters=False, feeding_shards=3,
+                elastic_epochs=3),
     "workstation": Scale("workstation", n_images=6000, source_size=1024, image_size=224,
                          arch="densenet121", batch_size=16, epochs=5, max_workers=4,
                          shard_size=256, comm_max_mb=128.0),

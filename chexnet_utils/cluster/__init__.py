@@ -16,7 +16,9 @@
 - :mod:`~chexnet_utils.cluster.slurm_engines`: ipyparallel engines started as a Slurm job,
   driven like an ``MPICluster``;
 - :mod:`~chexnet_utils.cluster.netns`: two "nodes" on one machine: network namespaces joined by
-  a veth pair, shaped by ``tc`` (notebook 09).
+  a veth pair, shaped by ``tc`` (notebook 09);
+- :mod:`~chexnet_utils.cluster.elastic`: ``horovodrun`` jobs, elastic or static, on names that
+  are each a host to Horovod and all this machine; a worker killed, a host added (notebook 10).
 
 Importing the wing imports none of them (and no TensorFlow):
 ``from chexnet_utils.cluster import distributed``

@@ -62,3 +62,22 @@ def cells_before(path: Path | str, heading: str) -> dict[str, Any]:
     cells = [dict(c, outputs=[], execution_count=None) if c["cell_type"] == "code" else c
              for c in nb["cells"][:at]]
     return {**nb, "cells": cells}
+
+
+def written_file(path: Path | str, target: str) -> str:
+    """The file a notebook's ``%%writefile`` cells write to ``target`` (as the magic's line
+    spells it, e.g. ``{SCRIPT}``): the first cell's body, then each ``%%writefile -a`` one's,
+    in order (``ValueError`` if no cell writes it or the first one appends)."""
+    parts: list[tuple[bool, str]] = []
+    for cell in read_cells(path):
+        first, _, body = cell["source"].partition("\n")
+        words = first.split()
+        if cell["cell_type"] != "code" or not words or words[0] != "%%writefile":
+            continue
+        if words[-1] == target:
+            parts.append(("-a" in words[1:-1], body))
+    if not parts or parts[0][0]:
+        raise ValueError(f"{Path(path).name}: no %%writefile cell starts {target!r}")
+    if any(not append for append, _ in parts[1:]):
+        raise ValueError(f"{Path(path).name}: {target!r} is written anew after its first cell")
+    return "".join(body if body.endswith("\n") else body + "\n" for _, body in parts)

@@ -40,7 +40,12 @@ from chexnet_utils.plots.data import (
                                         label_distribution,
                                         similarity_histogram,
 )
-from chexnet_utils.plots.training import grad_cam_overlay, learning_curves, roc_curves
+from chexnet_utils.plots.training import (
+                                        elastic_runs,
+                                        grad_cam_overlay,
+                                        learning_curves,
+                                        roc_curves,
+)
 
 __all__ = ["NIH_PREVALENCE", "label_distribution", "cooccurrence", "conversion_throughput",
            "similarity_histogram",
@@ -49,4 +54,4 @@ __all__ = ["NIH_PREVALENCE", "label_distribution", "cooccurrence", "conversion_t
            "gpu_utilisation", "plot_timeline", "plot_sweeps",
            "bars_with_runs", "scaling_panels", "worker_learning_curves", "allreduce_overlap",
            "alpha_beta_fit", "backend_throughput", "binding", "fp16_compression",
-           "scaling_prediction", "tensor_fusion"]
+           "scaling_prediction", "tensor_fusion", "elastic_runs"]

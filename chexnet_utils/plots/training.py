@@ -1,8 +1,10 @@
-"""Figures about a trained model: learning curves, ROC curves, Grad-CAM overlays."""
+"""Figures about a trained model: learning curves, ROC curves, Grad-CAM overlays; training
+jobs' progress and world size over time (elastic runs)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -153,4 +155,38 @@ def grad_cam_overlay(image: np.ndarray, heatmaps: Mapping[str, np.ndarray], titl
         fig.colorbar(im, ax=list(axes), fraction=0.02, pad=0.01, label="Grad-CAM")
     if title:
         fig.suptitle(title)
+    return fig
+
+
+def elastic_runs(runs: Mapping[str, Sequence[Mapping[str, Any]]], n_train: int,
+                 marks: Mapping[str, Sequence[tuple[float, str]]] | None = None,
+                 title: str = ""):  # noqa: ANN201
+    """Training jobs side by side, one panel each: progress in epochs (``epoch + images /
+    n_train`` at every ``step`` event of :mod:`chexnet_utils.cluster.elastic`) against seconds
+    since the job's first event, the world size on the right axis, and ``marks`` (time of
+    ``time.time()``, label), e.g. a kill, as dashed lines. A rollback shows as a step down."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 3.6), squeeze=False,
+                             sharey=True)
+    for ax, (label, events) in zip(axes[0], runs.items(), strict=True):
+        t0 = events[0]["t"]
+        steps = [e for e in events if e["event"] == "step"]
+        t = [e["t"] - t0 for e in steps]
+        ax.plot(t, [e["epoch"] + e["images"] / n_train for e in steps], ".", ms=3,
+                color="tab:blue", label="progress (epochs)")
+        size_ax = ax.twinx()
+        size_ax.step(t, [e["size"] for e in steps], where="post", color="tab:orange",
+                     label="workers")
+        size_ax.set_ylim(0, max(e["size"] for e in events) + 1)
+        size_ax.set_ylabel("workers", color="tab:orange")
+        for when, what in (marks or {}).get(label, ()):
+            ax.axvline(when - t0, ls="--", color="tab:red")
+            ax.annotate(what, (when - t0, 0), rotation=90, fontsize=8, color="tab:red",
+                        xytext=(3, 3), textcoords="offset points")
+        ax.set(title=label, xlabel="seconds since the job's first event")
+    axes[0][0].set_ylabel("progress (epochs)", color="tab:blue")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
     return fig

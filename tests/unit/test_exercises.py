@@ -21,7 +21,7 @@ from chexnet_utils.hardware import devices
 from chexnet_utils.notebook import exercises
 from tests.support.datasets import synthetic_tfrecords
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("0*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 SHARD_SIZE = 5
 
 

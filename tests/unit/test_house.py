@@ -64,6 +64,11 @@ LESSON_APIS: dict[str, tuple[str, ...]] = {
                           "slurm_horovod.sbatch", "wait_for_job"),
     "09_appendix_two_nodes": ("bench_link(", "rate_bit=", "link.tables()", ".loopback_comparison(",
                               "leftovers("),
+    "10_appendix_elastic": ("%%writefile", "@hvd.elastic.run", "hvd.elastic.ObjectState",
+                            "state.commit()", "register_reset_callbacks", ".shard(",
+                            "hvd.DistributedGradientTape", "hvd.broadcast_variables",
+                            "def restore", "def sync", "HorovodJob(", "kill_worker(",
+                            "set_hosts("),
 }
 
 PENDING_LESSONS: dict[str, str] = {

@@ -38,6 +38,7 @@ notebook exercise                      check
 07       1, 2 cache; service vs size   :func:`check_which_is_faster`
 07       3 the ``list_files`` fix      :func:`check_list_files_fix`
 07       4 where the cache goes        :func:`check_cache_placement`
+10       1 graceful removal            :func:`check_graceful_removal`
 ======== ============================= ===============================================
 
 The other exercises ask you to explain something; their solutions are in the notebooks.
@@ -45,6 +46,7 @@ The other exercises ask you to explain something; their solutions are in the not
 
 from __future__ import annotations
 
+from chexnet_utils.notebook.exercises.elastic import check_graceful_removal
 from chexnet_utils.notebook.exercises.environment_data import (
                                                       check_gpu_capabilities,
                                                       check_images_per_patient,
@@ -86,6 +88,7 @@ __all__ = [
     "check_fit_conversion",
     "check_full_size_prediction",
     "check_gpu_capabilities",
+    "check_graceful_removal",
     "check_images_per_patient",
     "check_list_files_fix",
     "check_old_pipeline_efficiency",
