@@ -138,7 +138,7 @@ SCALES: dict[str, Scale] = {
                 bench_repeats=2, bench_steps=6, scaling_batch_size=8, scaling_warmup_steps=16,
                 comm_max_mb=32.0, comm_repeats=5, comm_image_size=64,
                 comm_cycle_time_clusters=False, feeding_shards=3,
-                elastic_epochs=3),
+                elastic_epochs=4),
     "workstation": Scale("workstation", n_images=6000, source_size=1024, image_size=224,
                          arch="densenet121", batch_size=16, epochs=5, max_workers=4,
                          shard_size=256, comm_max_mb=128.0),

@@ -6,9 +6,10 @@ callback, the ``@hvd.elastic.run`` function); this module is the scaffolding aro
 - :func:`local_host_names`: names that are each a "host" to Horovod yet all this machine.
   Horovod's launcher starts a worker without ``ssh`` when its host name resolves to an address
   of this machine (``horovod/runner/gloo_run.py``, ``_exec_command``, v0.28.1) and tells hosts
-  apart by name, so ``localhost``, ``127.0.0.1`` and the machine's own name are three hosts;
-  a failed worker blacklists its *host* (``horovod/runner/elastic/discovery.py``), so one
-  name per worker keeps the others usable.
+  apart by name, so ``localhost``, ``127.0.0.1``, the machine's own name (where it resolves to
+  an interface's address) and the machine's other addresses are distinct hosts; a failed
+  worker blacklists its *host* (``horovod/runner/elastic/discovery.py``), so one name per
+  worker keeps the others usable.
 - :class:`HorovodJob`: one ``horovodrun`` job, **elastic** (``--host-discovery-script`` over a
   hosts file the notebook edits: a host taken away, one added) or **static** (``-H``: the
   checkpoint-restart baseline, where one dead worker ends the job); the workers' event lines
@@ -21,12 +22,12 @@ callback, the ``@hvd.elastic.run`` function); this module is the scaffolding aro
 
 **The event lines** (one JSON object per line in ``events.jsonl``, written by the script):
 every line has ``event``, ``t`` (``time.time()``), ``rank``, ``size``, ``pid`` and ``host``;
-``sync`` (every rank, at each (re)start of the training function: ``epoch``, ``images``,
-``digest``), ``step`` (rank 0, after each step: ``epoch``, ``images``, ``loss``), ``commit``
-(rank 0, just before each ``state.commit()``, whose save is what a rollback returns to:
-``epoch``, ``images``, ``digest``), ``done`` (every rank: ``epoch``, ``digest``,
-``auroc`` on rank 0). ``images`` counts the images of the current epoch trained so far by all
-ranks together.
+``start`` (every rank, at each (re)start of the training function, after the state's sync
+if there was one: ``epoch``, ``images``, ``digest``), ``step`` (rank 0, after each step:
+``epoch``, ``images``, ``loss``), ``commit`` (rank 0, just before each ``state.commit()``,
+whose save is what a rollback returns to: ``epoch``, ``images``, ``digest``), ``done`` (every
+rank: ``epoch``, ``digest``, ``auroc`` on rank 0). ``images`` counts the images of the current
+epoch trained so far by all ranks together.
 """
 
 from __future__ import annotations
@@ -71,11 +72,14 @@ class JobFailed(RuntimeError):
 
 def local_host_names(n: int = 3) -> list[str]:
     """``n`` names Horovod treats as distinct hosts, each resolving to an address of this
-    machine (so its workers start here, without ``ssh``): ``localhost``, ``127.0.0.1``, then
-    the machine's name. ``ValueError`` if fewer resolve here."""
+    machine (so its workers start here, without ``ssh``): ``localhost``, ``127.0.0.1``, the
+    machine's name (Debian's ``/etc/hosts`` maps it to 127.0.1.1, no interface's address: then
+    it is left out), then this machine's other IPv4 addresses. ``ValueError`` if fewer than
+    ``n`` are found."""
     local = get_local_host_addresses()
-    names = [h for h in ("localhost", "127.0.0.1", socket.gethostname())
-             if resolve_host_address(h) in local]
+    candidates = ["localhost", "127.0.0.1", socket.gethostname(),
+                  *sorted(a for a in local if a != "127.0.0.1")]
+    names = [h for h in dict.fromkeys(candidates) if resolve_host_address(h) in local]
     if len(names) < n:
         raise ValueError(f"only {len(names)} local host name(s) resolve here ({names}); "
                          f"{n} are needed")
@@ -95,14 +99,14 @@ class HorovodJob:
     """One ``horovodrun`` job on this machine, one worker slot per host name.
 
     ``script`` is run as ``python SCRIPT CONFIG_JSON`` on every worker, with ``config`` plus
-    ``events`` and ``checkpoint``, two paths in ``workdir``. ``elastic=True`` launches with a
-    host-discovery script that prints the hosts file (:meth:`set_hosts` edits it), ``--min-np
-    min_np`` and ``--max-np`` (default: the number of hosts given, plus one); ``elastic=False``
-    launches a static Gloo job on ``hosts``. A host whose worker failed is blacklisted for the
-    rest of an elastic job, unless ``cooldown=(low, high)`` (seconds,
+    ``events`` and ``checkpoint`` (two paths in ``workdir``) and ``resume``. ``elastic=True``
+    launches with a host-discovery script that prints the hosts file (:meth:`set_hosts` edits
+    it), ``--min-np min_np`` and ``--max-np`` (default: the number of hosts given, plus one);
+    ``elastic=False`` launches a static Gloo job on ``hosts``. A host whose worker failed is
+    blacklisted for the rest of an elastic job, unless ``cooldown=(low, high)`` (seconds,
     ``--blacklist-cooldown-range``) lets it back after a while. ``gloo_timeout_s``
-    (``--gloo-timeout-seconds``, Horovod's default 30) bounds how long a survivor that is not
-    the dead worker's neighbour in the ring waits before it notices. ``resume=False``
+    (``--gloo-timeout-seconds``, Horovod's default 30) bounds how long a survivor may wait for
+    a dead worker's data before it notices (with three workers one survivor did). ``resume=False``
     empties ``workdir`` first; ``resume=True`` keeps its checkpoint and events: a restarted
     job. Use as a context manager (or :meth:`start` and :meth:`stop`): leaving it stops every
     process it started.
@@ -125,12 +129,13 @@ class HorovodJob:
         self.cooldown = cooldown
         self.gloo_timeout_s = gloo_timeout_s
         self.network_interface = network_interface
-        self.config = {**config, "events": str(self.events_path),
+        self.config = {**config, "events": str(self.events_path), "resume": resume,
                        "checkpoint": str(self.workdir / "checkpoint.npz")}
         self.token = f"hvdjob-{secrets.token_hex(8)}"
         self.proc: subprocess.Popen[bytes] | None = None
         self._watchdogs: list[subprocess.Popen[bytes] | None] = []
         self._seen = 0
+        self._read: tuple[int, list[Event]] = (0, [])  # bytes parsed, their events
 
     # -- paths and command -------------------------------------------------------------------
     @property
@@ -187,10 +192,14 @@ class HorovodJob:
             self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env,
                                          cwd=self.workdir, start_new_session=True)
-        # one watchdog for horovodrun's death (a SIGKILLed driver leaves no worker behind),
-        # one for this process's (a killed kernel leaves no job behind)
-        self._watchdogs = [start_watchdog(self.proc.pid, self.token),
-                           start_watchdog(os.getpid(), self.token)]
+        try:
+            # one watchdog for horovodrun's death (a SIGKILLed driver leaves no worker
+            # behind), one for this process's (a killed kernel leaves no job behind)
+            self._watchdogs = [start_watchdog(self.proc.pid, self.token),
+                               start_watchdog(os.getpid(), self.token)]
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self, grace: float = 5.0) -> list[int]:
@@ -198,7 +207,8 @@ class HorovodJob:
         job's token; returns the pids still alive after that (``[]``)."""
         left: list[int] = []
         if self.proc is not None:
-            stop_processes([self.proc, *descendants(self.proc.pid)], grace)
+            running = self.proc.poll() is None  # a reaped pid may be somebody else's now
+            stop_processes([self.proc, *(descendants(self.proc.pid) if running else [])], grace)
             stop_marked(self.token, grace=grace)
             for dog in self._watchdogs:
                 release_watchdog(dog)
@@ -230,32 +240,43 @@ class HorovodJob:
         return [line.rsplit(":", 1)[0] for line in self.hosts_path.read_text().split()]
 
     def host_of_rank(self, rank: int) -> str:
-        """The host of the live worker whose latest ``sync`` gave it ``rank``."""
-        live = [e for e in self.events("sync") if pid_alive(e["pid"])]
-        hosts = {e["pid"]: e for e in live}  # each worker's latest sync
+        """The host of the live worker whose latest ``start`` gave it ``rank``."""
+        live = [e for e in self.events("start") if pid_alive(e["pid"])]
+        hosts = {e["pid"]: e for e in live}  # each worker's latest start
         found = [e["host"] for e in hosts.values() if e["rank"] == rank]
         if len(found) != 1:
             raise JobFailed(f"{len(found)} live workers have rank {rank}" + self._tail())
         return str(found[0])
 
     def kill_worker(self, host: str) -> Kill:
-        """SIGKILL the live worker on ``host`` (its pid from its latest ``sync`` line)."""
-        syncs = [e for e in self.events("sync") if e["host"] == host and pid_alive(e["pid"])]
-        if not syncs:
+        """SIGKILL the live worker on ``host`` (its pid from its latest ``start`` line)."""
+        starts = [e for e in self.events("start") if e["host"] == host and pid_alive(e["pid"])]
+        if not starts:
             raise JobFailed(f"no live worker on host {host!r}" + self._tail())
-        pid = syncs[-1]["pid"]
+        pid = starts[-1]["pid"]
         os.kill(pid, signal.SIGKILL)
         return Kill(host, pid, time.time())
 
     # -- reading it ----------------------------------------------------------------------------
     def events(self, event: str | None = None) -> list[Event]:
-        """The event lines so far (complete lines only), or those of one kind."""
-        return [e for e in read_events(self.events_path) if event is None or e["event"] == event]
+        """The event lines so far (complete lines only), or those of one kind. Reads only what
+        was appended since the last call."""
+        offset, parsed = self._read
+        try:
+            with open(self.events_path, "rb") as f:
+                f.seek(offset)
+                new = f.read()
+        except FileNotFoundError:
+            new = b""
+        complete = new[:new.rfind(b"\n") + 1]
+        parsed = parsed + parse_events(complete.decode(errors="replace"))
+        self._read = (offset + len(complete), parsed)
+        return [e for e in parsed if event is None or e["event"] == event]
 
     def wait_for(self, predicate: Callable[[Event], bool], timeout: float, what: str,
                  progress: Callable[[str], None] | None = None) -> Event:
         """The first event (in order, from the start) for which ``predicate`` holds, waiting up
-        to ``timeout`` s; ``progress`` gets a line per new ``sync``, ``commit`` and ``done``.
+        to ``timeout`` s; ``progress`` gets a line per new ``start``, ``commit`` and ``done``.
         ``JobFailed`` if the job ends first or the time runs out."""
         deadline = time.monotonic() + timeout
         while True:
@@ -265,7 +286,8 @@ class HorovodJob:
             if hit is not None:
                 return hit
             if self.proc is None or self.proc.poll() is not None:
-                raise JobFailed(f"the job ended before {what}" + self._tail())
+                status = None if self.proc is None else self.proc.returncode
+                raise JobFailed(f"the job ended (status {status}) before {what}" + self._tail())
             if time.monotonic() > deadline:
                 raise JobFailed(f"no {what} within {timeout:.0f} s" + self._tail())
             time.sleep(0.1)
@@ -286,10 +308,10 @@ class HorovodJob:
         return status
 
     def _report(self, events: list[Event], progress: Callable[[str], None] | None) -> None:
-        """Hand ``progress`` a line per ``sync``, ``commit`` and ``done`` not reported yet."""
+        """Hand ``progress`` a line per ``start``, ``commit`` and ``done`` not reported yet."""
         if progress is not None:
             for e in events[self._seen:]:
-                if e["event"] in ("sync", "commit", "done"):
+                if e["event"] in ("start", "commit", "done"):
                     progress(progress_line(e, events[0]["t"]))
         self._seen = max(self._seen, len(events))
 
@@ -303,16 +325,27 @@ class HorovodJob:
 def read_events(path: Path | str) -> list[Event]:
     """The complete JSON lines of an events file (``[]`` if there is none yet)."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(errors="replace")
     except FileNotFoundError:
         return []
-    return [json.loads(line) for line in text.splitlines(keepends=True)
-            if line.endswith("\n") and line.strip()]
+    return parse_events(text[:text.rfind("\n") + 1])
+
+
+def parse_events(text: str) -> list[Event]:
+    """The events of complete lines of JSON; a line that is not an object (a worker killed
+    mid-write on a file system without atomic appends) is skipped."""
+    events = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            e = json.loads(line)
+            if isinstance(e, dict) and "event" in e:
+                events.append(e)
+    return events
 
 
 def progress_line(e: Event, t0: float) -> str:
     """One line of a watched job: time since its first event, what happened, the world size."""
-    what = {"sync": f"sync on {e['host']} (rank {e['rank']})",
+    what = {"start": f"start on {e['host']} (rank {e['rank']})",
             "commit": "commit", "done": f"done on {e['host']}"}[e["event"]]
     where = f"epoch {e['epoch']}" + (f", {e['images']} images" if "images" in e else "")
     return f"{e['t'] - t0:6.1f} s  size {e['size']}  {where:>22}  {what}"
@@ -347,13 +380,17 @@ def images_redone(at: Event, resumed: Event, n_train: int) -> int:
 
 def kill_outcome(events: Sequence[Event], kill: Kill, n_train: int) -> KillOutcome:
     """Read a kill's cost off a job's events (those of a restarted job appended): the images
-    trained before the kill and again after it (:func:`images_redone`), the seconds to the
-    first step after it."""
-    steps_before = [e for e in events if e["event"] == "step" and e["t"] < kill.t]
-    resumed = [e for e in events if e["event"] == "sync" and e["t"] > kill.t]
-    if not steps_before or not resumed:
-        raise ValueError("the events hold no step before the kill or no sync after it")
-    at_kill, restart = steps_before[-1], resumed[0]
+    trained before training went on again (rank 0 may finish a step after the kill, before
+    its allreduce fails) and trained again after it (:func:`images_redone`), the seconds from
+    the kill to the first step after it."""
+    resumed = [e for e in events if e["event"] == "start" and e["t"] > kill.t]
+    if not resumed:
+        raise ValueError("the events hold no start after the kill")
+    restart = resumed[0]
+    steps_before = [e for e in events if e["event"] == "step" and e["t"] < restart["t"]]
+    if not steps_before:
+        raise ValueError("the events hold no step before the kill")
+    at_kill = steps_before[-1]
     next_step = next((e for e in events if e["event"] == "step" and e["t"] > restart["t"]),
                      None)
     if next_step is None:

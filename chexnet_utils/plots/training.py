@@ -172,11 +172,11 @@ def elastic_runs(runs: Mapping[str, Sequence[Mapping[str, Any]]], n_train: int,
     for ax, (label, events) in zip(axes[0], runs.items(), strict=True):
         t0 = events[0]["t"]
         steps = [e for e in events if e["event"] == "step"]
-        t = [e["t"] - t0 for e in steps]
-        ax.plot(t, [e["epoch"] + e["images"] / n_train for e in steps], ".", ms=3,
-                color="tab:blue", label="progress (epochs)")
+        ax.plot([e["t"] - t0 for e in steps], [e["epoch"] + e["images"] / n_train for e in steps],
+                ".", ms=3, color="tab:blue", label="progress (epochs)")
         size_ax = ax.twinx()
-        size_ax.step(t, [e["size"] for e in steps], where="post", color="tab:orange",
+        size_t, sizes = _world_size_line(events)
+        size_ax.step([x - t0 for x in size_t], sizes, where="post", color="tab:orange",
                      label="workers")
         size_ax.set_ylim(0, max(e["size"] for e in events) + 1)
         size_ax.set_ylabel("workers", color="tab:orange")
@@ -190,3 +190,26 @@ def elastic_runs(runs: Mapping[str, Sequence[Mapping[str, Any]]], n_train: int,
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def _world_size_line(events: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[int]]:
+    """(times, sizes) of the workers at each step, with 0 while no job ran: from the last step
+    of a job to the first start of the next (a rank 0 whose process had not been seen before
+    that last step, so a new job, not a worker that joined)."""
+    times: list[float] = []
+    sizes: list[int] = []
+    seen: set[int] = set()
+    seen_at_last_step: set[int] = set()
+    for e in events:
+        if e["event"] == "step":
+            if times and e["pid"] not in seen_at_last_step:
+                first = min(x["t"] for x in events if x["pid"] == e["pid"])
+                times += [times[-1], first]
+                sizes += [0, 0]
+            times.append(e["t"])
+            sizes.append(e["size"])
+            seen.add(e["pid"])
+            seen_at_last_step = set(seen)
+        else:
+            seen.add(e["pid"])
+    return times, sizes

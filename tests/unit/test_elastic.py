@@ -60,9 +60,12 @@ def test_hosts_file_round_trip(tmp_path: Path):
     assert job.hosts_now() == ["localhost", "127.0.0.1"]
 
 
-def test_local_host_names_resolve_here():
+def test_local_host_names_resolve_here(monkeypatch: pytest.MonkeyPatch):
     names = local_host_names(2)
     assert names[:2] == ["localhost", "127.0.0.1"]
+    # Debian's /etc/hosts maps the host name to 127.0.1.1, no interface's: left out
+    monkeypatch.setattr("socket.gethostname", lambda: "127.0.1.1")
+    assert "127.0.1.1" not in local_host_names(2)
     with pytest.raises(ValueError, match="are needed"):
         local_host_names(99)
 
@@ -70,39 +73,42 @@ def test_local_host_names_resolve_here():
 def test_read_events_skips_a_line_being_written(tmp_path: Path):
     path = tmp_path / "events.jsonl"
     assert read_events(path) == []
-    path.write_text(json.dumps(ev("sync", 1.0)) + "\n" + '{"event": "st')
-    assert [e["event"] for e in read_events(path)] == ["sync"]
+    path.write_text(json.dumps(ev("start", 1.0)) + "\n" + '{"event": "st')
+    assert [e["event"] for e in read_events(path)] == ["start"]
 
 
 def test_images_redone_within_and_across_epochs():
     at = ev("step", 0, epoch=1, images=96)
-    assert images_redone(at, ev("sync", 0, epoch=1, images=64), 400) == 32
-    assert images_redone(at, ev("sync", 0, epoch=1, images=96), 400) == 0
-    assert images_redone(ev("step", 0, epoch=1, images=384), ev("sync", 0, epoch=2), 400) == 0
-    assert images_redone(at, ev("sync", 0, epoch=0, images=300), 400) == 100 + 96
+    assert images_redone(at, ev("start", 0, epoch=1, images=64), 400) == 32
+    assert images_redone(at, ev("start", 0, epoch=1, images=96), 400) == 0
+    assert images_redone(ev("step", 0, epoch=1, images=384), ev("start", 0, epoch=2), 400) == 0
+    assert images_redone(at, ev("start", 0, epoch=0, images=300), 400) == 100 + 96
 
 
 def test_kill_outcome_reads_lost_images_and_recovery():
-    events = [ev("sync", 0.0), ev("step", 1.0, epoch=1, images=64),
-              ev("step", 2.0, epoch=1, images=96), ev("sync", 5.0, epoch=1, images=64, size=1),
+    events = [ev("start", 0.0), ev("step", 1.0, epoch=1, images=64),
+              ev("step", 2.0, epoch=1, images=96), ev("start", 5.0, epoch=1, images=64, size=1),
               ev("step", 6.5, epoch=1, images=80, size=1)]
     out = kill_outcome(events, Kill("127.0.0.1", 9, 2.5), n_train=400)
     assert (out.lost_images, out.size_before, out.size_after) == (32, 2, 1)
     assert out.recovery_s == pytest.approx(4.0)
-    with pytest.raises(ValueError, match="no step"):
+    with pytest.raises(ValueError, match="no start"):
         kill_outcome(events[:3], Kill("x", 9, 2.5), 400)
+    # rank 0 may log a step after the kill, before its allreduce fails: trained, then lost
+    late = [*events[:3], ev("step", 3.0, epoch=1, images=128), *events[3:]]
+    assert kill_outcome(late, Kill("127.0.0.1", 9, 2.5), n_train=400).lost_images == 64
 
 
 def test_progress_line_says_when_what_and_the_size():
-    line = progress_line(ev("sync", 12.5, epoch=1, images=64, size=1, rank=0), t0=10.0)
-    assert "2.5 s" in line and "size 1" in line and "64 images" in line and "sync on" in line
+    line = progress_line(ev("start", 12.5, epoch=1, images=64, size=1, rank=0), t0=10.0)
+    assert "2.5 s" in line and "size 1" in line and "64 images" in line and "start on" in line
 
 
 def test_graceful_removal_verdicts():
-    good = [ev("sync", 0.0, size=2), ev("step", 1.0, images=64),
-            ev("sync", 3.0, images=64, size=1), ev("done", 9.0, epoch=2)]
+    good = [ev("start", 0.0, size=2), ev("step", 1.0, images=64),
+            ev("start", 3.0, images=64, size=1), ev("done", 9.0, epoch=2)]
     assert graceful_removal_problems(good, 2.0, 0, 2, told_to_leave=True) == []
-    rolled = [*good[:2], ev("sync", 3.0, images=32, size=1), good[3]]
+    rolled = [*good[:2], ev("start", 3.0, images=32, size=1), good[3]]
     problems = graceful_removal_problems(rolled, 2.0, 0, 2, told_to_leave=False)
     assert any("killed" in p for p in problems) and any("twice" in p for p in problems)
     assert "never re-formed" in graceful_removal_problems(good[:2], 2.0, 0, 2, True)[0]
@@ -114,6 +120,18 @@ def test_graceful_removal_verdicts():
 def test_the_script_is_the_notebooks_writefile_cells():
     script = written_file(NOTEBOOK, "{SCRIPT}")
     compile(script, "elastic_chexnet.py", "exec")
-    assert script.count("\n@hvd.elastic.run\n") == 1 and "class KerasState" in script
+    assert script.count("\n@hvd.elastic.run\n") == 1 and "class Keras3State" in script
     with pytest.raises(ValueError, match="no %%writefile cell"):
         written_file(NOTEBOOK, "{OTHER}")
+
+
+def test_job_events_read_what_was_appended_and_skip_broken_lines(tmp_path: Path):
+    job = HorovodJob(tmp_path / "x.py", {}, ["localhost"], tmp_path)
+    assert job.events() == []
+    with open(job.events_path, "w") as f:
+        f.write(json.dumps(ev("start", 1.0)) + "\n" + "not json\n" + '{"event": "st')
+    assert [e["event"] for e in job.events()] == ["start"]
+    with open(job.events_path, "a") as f:
+        f.write('ep", "t": 2.0}\n')
+    assert [e["event"] for e in job.events()] == ["start", "step"]
+    assert [e["event"] for e in job.events("step")] == ["step"]

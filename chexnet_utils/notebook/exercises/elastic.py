@@ -2,7 +2,7 @@
 
 :func:`check_graceful_removal` starts a short elastic job (the notebook's own script, two
 hosts, two epochs), calls the learner's ``remove_gracefully(job, host)`` for the second host
-half-way through the first epoch and judges by the job's events
+after the first commit and judges by the job's events
 (:func:`graceful_removal_problems`): the ring re-formed smaller, nothing was trained twice, the
 survivor finished every epoch, ``horovodrun`` ended with status 0, and Horovod told the
 worker to leave (a kill, by contrast, blacklists its host).
@@ -32,8 +32,8 @@ def graceful_removal_problems(events: Sequence[Event], asked_t: float, exit_stat
     """What went wrong when a host was taken out at ``asked_t`` (``time.time()``), read from
     the job's events and whether Horovod told its worker to leave (:data:`REMOVED_NOTICE` in
     the job's output); ``[]`` when it was graceful."""
-    before = [e for e in events if e["event"] == "sync" and e["t"] < asked_t]
-    after = [e for e in events if e["event"] == "sync" and e["t"] > asked_t]
+    before = [e for e in events if e["event"] == "start" and e["t"] < asked_t]
+    after = [e for e in events if e["event"] == "start" and e["t"] > asked_t]
     if not after:
         return ["the ring never re-formed after your call: the driver learns about hosts only "
                 "from the discovery script (job.set_hosts)"]
@@ -59,7 +59,7 @@ def check_graceful_removal(answer: Callable[[HorovodJob, str], Any] | None,
                            script: Path | str, config: dict[str, Any], hosts: Sequence[str],
                            workdir: Path | str, timeout: float = 900) -> bool:
     """10 exercise 1: run ``answer(job, host)`` on a short elastic job of ``script`` on two
-    ``hosts`` (for the second one, half-way through the first epoch) and judge the removal by
+    ``hosts`` (for the second one, after the first commit) and judge the removal by
     the events."""
     if missing(answer, "a function (job, host) that changes what the discovery script "
                        "reports, before anything happens to the worker"):
