@@ -25,7 +25,7 @@ from chexnet_utils.notebook.exercises.elastic import graceful_removal_problems
 from chexnet_utils.platform.processes import alive, wait_pids_gone
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "10_appendix_elastic.ipynb"
-EPOCHS = 6
+EPOCHS = 10  # room for the add: the survivors must not finish before the host is back
 COMMIT_EVERY = 1
 
 
