@@ -3,21 +3,33 @@
 Notebooks run in order in a fresh kernel each (the project's installed environment), the
 executed copies and their HTML land in ``<out>/executed/``, the figures the notebooks save in
 ``<out>/figures/``, and the headline figures in ``<out>/results.json``.
+
+The console is what a newcomer reads first, so it stays quiet: one line per notebook (name,
+seconds, ok), then the results table and where things are. What the kernels and the
+processes they start write to their own stdout and stderr (TensorFlow's oneDNN and absl lines,
+the kernel's "running over TCP without encryption" warning, the engines' start-up) goes to
+``<out>/tutorial.log``, named at the end; a failing notebook's part of it is printed in full
+under its error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from chexnet_utils.notebook import results
 from chexnet_utils.platform.atomic import atomic_path, write_text_atomic
 from chexnet_utils.platform.processes import check_terminated, note_termination
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
@@ -31,8 +43,11 @@ class NotebookRun:
     error: str | None = None
 
 
-def execute_notebook(path: Path, out_dir: Path, timeout: int = 3600) -> NotebookRun:
+def execute_notebook(path: Path, out_dir: Path, timeout: int = 3600,
+                     log: IO[bytes] | None = None) -> NotebookRun:
     """Run ``path`` top to bottom in a fresh kernel; write the executed copy and its HTML.
+    ``log``: a binary file that gets the kernel process's own stdout and stderr (and that of
+    everything it starts); ``None``: this process's.
 
     A failing cell does not raise: the run's ``error`` says which cell failed and why, and
     the partly executed notebook is still written so the learner can look at it.
@@ -66,10 +81,11 @@ def execute_notebook(path: Path, out_dir: Path, timeout: int = 3600) -> Notebook
     t0 = time.perf_counter()
     error = None
     try:
-        client.execute()
+        client.execute(**({"stdout": log, "stderr": log} if log is not None else {}))
     except CellExecutionError as e:
         check_terminated()  # nbclient reports a SIGTERM as a failed cell
-        error = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+        text = _ANSI.sub("", str(e)).strip()  # IPython colours its traceback
+        error = text.splitlines()[-1] if text else repr(e)
     except Exception:
         check_terminated()  # ... or fails while cleaning up after it
         raise
@@ -88,20 +104,46 @@ def execute_notebook(path: Path, out_dir: Path, timeout: int = 3600) -> Notebook
 
 
 def run_tutorial(notebooks: Sequence[Path], out_dir: Path) -> list[NotebookRun]:
-    """Execute ``notebooks`` in order, print progress and the results table; return the runs."""
+    """Execute ``notebooks`` in order, print a line each and the results table (library
+    messages to ``<out>/tutorial.log``, :data:`LOG_NAME`); return the runs."""
     os.environ.setdefault("CHEXNET_WORK_DIR", str(out_dir.resolve()))
     executed_dir = out_dir / "executed"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / LOG_NAME
     runs = []
-    for nb in notebooks:
-        print(f"running {nb} ...", flush=True)
-        run = execute_notebook(Path(nb), executed_dir)
-        status = "ok" if run.error is None else f"FAILED: {run.error}"
-        print(f"  {run.seconds:7.1f} s  {status}", flush=True)
-        runs.append(run)
+    width = max((len(Path(nb).name) for nb in notebooks), default=0)
+    with open(log_path, "wb") as log:
+        for nb in notebooks:
+            print(f"{Path(nb).name:<{width}}  ", end="", flush=True)
+            log.write(f"===== {nb} =====\n".encode())
+            log.flush()
+            start = log.tell()
+            run = execute_notebook(Path(nb), executed_dir, log=log)
+            log.flush()
+            print(f"{run.seconds:7.1f} s  " + ("ok" if run.error is None else "FAILED"),
+                  flush=True)
+            if run.error is not None:
+                print(f"  error: {run.error}")
+                print(f"  what its kernel printed ({log_path}):")
+                print(_read_from(log_path, start), flush=True)
+            runs.append(run)
     print()
     print(results.format_table(results.load()))
     print()
     print(f"executed notebooks and HTML: {executed_dir}")
     print(f"figures:                     {results.figures_dir()}")
     print(f"results:                     {results.results_path()}")
+    print(f"library messages:            {log_path}")
     return runs
+
+
+LOG_NAME = "tutorial.log"
+"""Where ``make tutorial`` puts what the kernels print outside the notebooks' cells."""
+
+
+def _read_from(path: Path, offset: int) -> str:
+    """The text of ``path`` from byte ``offset`` on, each line indented."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    return "\n".join(f"    {line}" for line in text.splitlines())
