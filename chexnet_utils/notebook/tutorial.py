@@ -28,7 +28,6 @@ from chexnet_utils.notebook import results
 from chexnet_utils.platform.atomic import atomic_path, write_text_atomic
 from chexnet_utils.platform.processes import check_terminated, note_termination
 
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
