@@ -225,7 +225,7 @@ class HorovodJob:
     def pids(self) -> list[int]:
         """The job's live processes: ``horovodrun``, its workers, anything with its token."""
         found = set(marked_processes(self.token))
-        if self.proc is not None and pid_alive(self.proc.pid) and self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             found |= {self.proc.pid, *descendants(self.proc.pid)}
         return sorted(found)
 
@@ -322,15 +322,6 @@ class HorovodJob:
         return ""
 
 
-def read_events(path: Path | str) -> list[Event]:
-    """The complete JSON lines of an events file (``[]`` if there is none yet)."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    return parse_events(text[:text.rfind("\n") + 1])
-
-
 def parse_events(text: str) -> list[Event]:
     """The events of complete lines of JSON; a line that is not an object (a worker killed
     mid-write on a file system without atomic appends) is skipped."""
@@ -397,11 +388,3 @@ def kill_outcome(events: Sequence[Event], kill: Kill, n_train: int) -> KillOutco
         raise ValueError("no step after the kill")
     return KillOutcome(images_redone(at_kill, restart, n_train), next_step["t"] - kill.t,
                        at_kill["size"], restart["size"])
-
-
-def world_sizes(events: Sequence[Event]) -> list[tuple[float, int]]:
-    """(time since the first event, world size) at each step: the job's size over time."""
-    if not events:
-        return []
-    t0 = events[0]["t"]
-    return [(e["t"] - t0, e["size"]) for e in events if e["event"] == "step"]

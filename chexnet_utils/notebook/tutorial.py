@@ -28,6 +28,9 @@ from chexnet_utils.notebook import results
 from chexnet_utils.platform.atomic import atomic_path, write_text_atomic
 from chexnet_utils.platform.processes import check_terminated, note_termination
 
+LOG_NAME = "tutorial.log"
+"""Where ``make tutorial`` puts what the kernels print outside the notebooks' cells."""
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -134,10 +137,6 @@ def run_tutorial(notebooks: Sequence[Path], out_dir: Path) -> list[NotebookRun]:
     print(f"results:                     {results.results_path()}")
     print(f"library messages:            {log_path}")
     return runs
-
-
-LOG_NAME = "tutorial.log"
-"""Where ``make tutorial`` puts what the kernels print outside the notebooks' cells."""
 
 
 def _read_from(path: Path, offset: int) -> str:

@@ -194,22 +194,19 @@ def elastic_runs(runs: Mapping[str, Sequence[Mapping[str, Any]]], n_train: int,
 
 def _world_size_line(events: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[int]]:
     """(times, sizes) of the workers at each step, with 0 while no job ran: from the last step
-    of a job to the first start of the next (a rank 0 whose process had not been seen before
-    that last step, so a new job, not a worker that joined)."""
+    of a job to the first event of the next (a rank 0 whose process first appeared after that
+    last step, so a new job, not a worker that joined)."""
+    first_seen: dict[int, float] = {}
+    for e in events:
+        first_seen.setdefault(e["pid"], e["t"])
     times: list[float] = []
     sizes: list[int] = []
-    seen: set[int] = set()
-    seen_at_last_step: set[int] = set()
     for e in events:
-        if e["event"] == "step":
-            if times and e["pid"] not in seen_at_last_step:
-                first = min(x["t"] for x in events if x["pid"] == e["pid"])
-                times += [times[-1], first]
-                sizes += [0, 0]
-            times.append(e["t"])
-            sizes.append(e["size"])
-            seen.add(e["pid"])
-            seen_at_last_step = set(seen)
-        else:
-            seen.add(e["pid"])
+        if e["event"] != "step":
+            continue
+        if times and first_seen[e["pid"]] > times[-1]:
+            times += [times[-1], first_seen[e["pid"]]]
+            sizes += [0, 0]
+        times.append(e["t"])
+        sizes.append(e["size"])
     return times, sizes

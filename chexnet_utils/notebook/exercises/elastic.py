@@ -44,9 +44,8 @@ def graceful_removal_problems(events: Sequence[Event], asked_t: float, exit_stat
     if before and after[0]["size"] >= before[-1]["size"]:
         problems.append(f"the job still had {after[0]['size']} workers after your call")
     steps = [e for e in events if e["event"] == "step" and e["t"] < after[0]["t"]]
-    if steps:
-        if images_redone(steps[-1], after[0], n_train=1) > 0:
-            problems.append("training went back to an earlier commit (work trained twice)")
+    if steps and images_redone(steps[-1], after[0], n_train=1) > 0:
+        problems.append("training went back to an earlier commit (work trained twice)")
     done = [e for e in events if e["event"] == "done"]
     if not done or any(e["epoch"] != epochs for e in done):
         problems.append(f"the job did not finish its {epochs} epochs")
