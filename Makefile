@@ -16,14 +16,17 @@ PYTEST_ARGS ?=
 export PYTHON VENV
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION = 1
-export MPLBACKEND ?= Agg
+# (no MPLBACKEND: a kernel with MPLBACKEND set, Agg say, shows no figure inline; matplotlib
+# picks Agg by itself where there is no display, and the tests that draw choose it)
 
-.PHONY: help setup lint test unit tf mpi notebooks tutorial lab browser-check data bench bench-cluster bench-preset fresh-check nonroot-check gpu-build-check gpu-smoke lock python-matrix clean distclean
+.PHONY: help setup lint test unit tf mpi notebooks tutorial book book-check lab browser-check data bench bench-cluster bench-preset fresh-check nonroot-check gpu-build-check gpu-smoke lock python-matrix clean distclean
 
 help:
 	@echo "make tutorial   set up, make the sample data, run every notebook, print the results"
 	@echo "make test       set up, run tests/ on 2 parallel workers, then every notebook under nbval alone"
 	@echo "make lab        set up and start JupyterLab with the project kernel, in a network namespace of your own (PRIVATE=1: on a Unix socket for ssh -L)"
+	@echo "make book       the executed course as a static site -> $(BUILD)/book/index.html (after make tutorial; offline)"
+	@echo "make book-check the site opened page by page in headless Chromium (links, figures, search)"
 	@echo "make browser-check  every notebook in headless Chromium, a learner's session (run, interrupt, restart, sidebar) -> $(BUILD)/browser/*.png"
 	@echo "make lint       ruff, the import layers (import-linter) and mypy; make test runs it first"
 	@echo "make setup      only the environment (idempotent)"
@@ -49,8 +52,11 @@ setup:
 #      that must not run side by side share a worker (XDIST_GROUPS in tests/conftest.py);
 #   2. every notebook under nbval in one serial process, with nothing else running: their
 #      cells time pipelines, training steps and allreduces (conftest.py refuses notebooks
-#      under xdist). Its closing table adds stage 1's wall time (handed over in a temporary
-#      file) and judges the total against the 15-minute budget.
+#      under xdist). What nbval executed is saved in $(BUILD)/executed (CHEXNET_EXECUTED_DIR),
+#      and the stage ends with the course site built from it and checked in Chromium
+#      (tests/notebooks/test_course_site.py: $(BUILD)/book, screenshots in $(BUILD)/browser).
+#      Its closing table adds stage 1's wall time (handed over in a temporary file) and
+#      judges the total against the 15-minute budget.
 TEST_WORKERS ?= 2
 # PRIVATE_NET: run a command in a network namespace of this user's own with only loopback up
 # (python -m chexnet_utils.platform.exposure private; no root needed): the tf.data service and
@@ -76,8 +82,10 @@ test: setup lint
 	CHEXNET_TEST_TIMES="$$times" "$(PY)" -m pytest tests \
 	  --tx "$(TEST_WORKERS)*popen//python='$(PY)' -m chexnet_utils.platform.exposure private -- '$(PY)'" \
 	  --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \
-	CHEXNET_TEST_TIMES="$$times" $(PRIVATE_NET) "$(PY)" -m pytest $(NOTEBOOKS) --nbval-lax \
-	  --nbval-current-env \
+	CHEXNET_TEST_TIMES="$$times" CHEXNET_EXECUTED_DIR="$(abspath $(BUILD))/executed" \
+	  CHEXNET_BROWSER_SHOTS="$(abspath $(BUILD))/browser" \
+	  $(PRIVATE_NET) "$(PY)" -m pytest $(NOTEBOOKS) tests/notebooks/test_course_site.py \
+	  --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=0 $(PYTEST_ARGS) || rc=$$?; \
 	if [ "$$rc" != 0 ]; then echo "make test: FAILED (a stage above failed; exit $$rc)"; fi; \
 	exit $$rc
@@ -176,6 +184,22 @@ endif
 # a scratch notebook's MPI cluster and %%px cells, Interrupt, Kernel > Restart, the tab
 # closed, a cluster from the IPython Parallel sidebar, the browser closed, each checked for
 # leftover processes by pid (build/browser/learner-*.png). Also part of `make test`.
+# make book: the executed course as a static site, $(BUILD)/book/index.html (Sphinx, MyST-NB
+# and sphinx-book-theme, pinned in requirements/base.txt; chexnet_utils.notebook.book), built
+# from the notebooks make tutorial (or make test) executed in $(BUILD)/executed: nothing is run
+# again. Offline: no download at build or view time; a broken internal link, a missing figure
+# or a request to another host fails it. REPO_URL=https://... adds a repository button.
+# make book-check: the same site opened page by page in headless Chromium (links, figures,
+# search, collapsed blocks, no outside request; screenshots in $(BUILD)/browser).
+book: setup
+	"$(PY)" -m chexnet_utils book --executed "$(BUILD)/executed" --out "$(BUILD)" \
+	  $(if $(REPO_URL),--repo-url "$(REPO_URL)")
+	@echo "open $(abspath $(BUILD))/book/index.html, or serve it: $(PY) -m http.server -d $(BUILD)/book -b 127.0.0.1"
+
+book-check: setup
+	CHEXNET_EXECUTED_DIR="$(abspath $(BUILD))/executed" CHEXNET_BROWSER_SHOTS="$(abspath $(BUILD))/browser" \
+	  "$(PY)" -m pytest tests/notebooks/test_course_site.py -s $(PYTEST_ARGS)
+
 browser-check: setup
 	CHEXNET_BROWSER_SHOTS="$(BUILD)/browser" "$(PY)" -m pytest tests/notebooks/test_browser.py \
 	  tests/notebooks/test_learner_session.py $(PYTEST_ARGS)

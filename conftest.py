@@ -8,6 +8,10 @@ xdist). ``--durations`` lists single cells; a table adds them up per notebook (k
 and stop included), so a slow notebook is visible at a glance; a second table splits every
 layer's time into setup (fixtures), call and teardown and lists the slowest setups.
 
+With ``CHEXNET_EXECUTED_DIR`` set (``make test`` sets it to ``build/executed``), what nbval
+executes is saved there as executed notebooks (:mod:`tests.support.executed_notebooks`), which
+the course-site test at the end of the notebook stage builds its site from.
+
 The two stages share their wall times through the file named by ``CHEXNET_TEST_TIMES``: the
 tests stage writes its wall time there, the notebook stage reads it and prints the total
 against the budget, 15 minutes on 2 cores (``CHEXNET_TEST_BUDGET_MIN`` to change it).
@@ -26,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from chexnet_utils.platform.processes import command_lifetime
+from tests.support.executed_notebooks import EXECUTED_ENV, ExecutedNotebooks
 from tests.support.suite_times import (
     agenda_report,
     budget_minutes,
@@ -51,6 +56,7 @@ _session_ticks: list = [None]
 _notebook_ticks: dict[str, list] = {}  # notebook -> [ticks at its first cell, after its last]
 _cell_seconds: dict[str, dict[int, float]] = defaultdict(dict)  # notebook -> {code cell: s}
 ROOT = Path(__file__).resolve().parent
+_executed: list[ExecutedNotebooks] = []  # with CHEXNET_EXECUTED_DIR: what nbval ran, saved
 
 
 def _workers(config: pytest.Config) -> int:
@@ -95,6 +101,18 @@ def pytest_sessionstart(session):  # noqa: ANN001, ANN201
     lifetime = command_lifetime()
     lifetime.__enter__()
     _lifetime.append(lifetime)
+    if os.environ.get(EXECUTED_ENV):
+        _executed.append(ExecutedNotebooks(Path(os.environ[EXECUTED_ENV])))
+
+
+def pytest_runtest_makereport(item, call):  # noqa: ANN001, ANN201
+    # make test's notebook stage: keep each cell's outputs, write a notebook after its last
+    # cell (the course site is built from those: make book, tests/book/)
+    for executed in _executed:
+        if call.when == "call":
+            executed.add(item)
+        elif call.when == "teardown":
+            executed.finish(item)
 
 
 @pytest.hookimpl(trylast=True)  # after xdist has stopped its workers

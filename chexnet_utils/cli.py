@@ -6,6 +6,7 @@ Commands
 ``envcheck``   print versions and Horovod build capabilities; fail unless MPI and Gloo work
 ``data``       make sure the data set for ``CHEXNET_SCALE`` exists (generate the stand-in)
 ``tutorial``   execute notebooks headless and print the results table
+``book``       the executed notebooks as a static site (Sphinx + MyST-NB), checked offline
 ``nbclean``    strip notebook outputs except checked cells (``--execute`` refreshes them)
 ``whoami``     (under mpirun) init Horovod, pin this process, print its rank as JSON
 ``tfrecords``  convert a data set in the NIH layout to sharded TFRecords (resumable)
@@ -210,6 +211,15 @@ def _cmd_tutorial(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_book(args: argparse.Namespace) -> int:
+    from chexnet_utils.notebook.book import build_book
+
+    results_json = args.results or args.out / "results.json"
+    build_book(args.executed, args.out, results_json=results_json if results_json.exists()
+               else None, repo_url=args.repo_url)
+    return 0
+
+
 def _cmd_whoami(args: argparse.Namespace) -> int:
     from chexnet_utils.cluster.distributed import rank_info
 
@@ -377,6 +387,18 @@ def _cmd_bench_link(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_book_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``book``: the executed notebooks as a static site."""
+    p = sub.add_parser("book", help="the executed notebooks as a static site")
+    p.add_argument("--executed", type=Path, default=Path("build/executed"),
+                   help="executed notebooks (make tutorial's, or make test's)")
+    p.add_argument("--out", type=Path, default=Path("build"), help="-> <out>/book")
+    p.add_argument("--results", type=Path, default=None,
+                   help="results.json for the table (default: <out>/results.json)")
+    p.add_argument("--repo-url", default=None, help="a repository button on every page")
+    p.set_defaults(handler=_cmd_book)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(prog="python -m chexnet_utils", description=__doc__,
@@ -384,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     _add_data_commands(sub)
+    _add_book_command(sub)
     p = sub.add_parser("bench", help="measurements: bench pipelines | service | conversion | "
                                      "scaling | gpu-node | link")
     bench = p.add_subparsers(dest="bench_command", required=True)
@@ -684,7 +707,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         require_writable_dir(json_path.parent)
     if args.command == "train":
         require_writable_dir(args.out_dir)  # --out, TrainConfig.out_dir
-    if args.command == "tutorial":
+    if args.command in ("tutorial", "book"):
         require_writable_dir(args.out)
 
 

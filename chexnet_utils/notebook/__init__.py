@@ -8,6 +8,9 @@
   learner writes the code, the check runs it;
 - :mod:`~chexnet_utils.notebook.tutorial`: ``make tutorial``: execute every notebook headless,
   export HTML, print the results;
+- :mod:`~chexnet_utils.notebook.book`: ``make book``: the executed notebooks as a static site,
+  each page naming where its numbers were measured (:mod:`~chexnet_utils.notebook.run_record`),
+  checked offline (:mod:`~chexnet_utils.notebook.site_check`);
 - :mod:`~chexnet_utils.notebook.clean`: keeping notebooks clean in git: no outputs except the
   ones nbval checks (``python -m chexnet_utils nbclean``).
 

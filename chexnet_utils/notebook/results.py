@@ -61,15 +61,22 @@ def save_figure(fig: Any, name: str) -> Path:
     return path
 
 
-def format_table(data: Mapping[str, Mapping[str, Any]]) -> str:
-    """Plain-text table of every recorded figure, one row per value."""
-    rows = [("notebook", "figure", "value")]
+def table_rows(data: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """Every recorded figure as ``(notebook, figure, value as text)``, sorted; long values
+    shortened to 60 characters."""
+    rows = []
     for nb in sorted(data):
         for key in sorted(data[nb]):
             value = data[nb][key]
             text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value) \
                 if isinstance(value, (list, dict)) else str(value)
             rows.append((nb, key, text if len(text) <= 60 else text[:57] + "..."))
+    return rows
+
+
+def format_table(data: Mapping[str, Mapping[str, Any]]) -> str:
+    """Plain-text table of every recorded figure, one row per value (:func:`table_rows`)."""
+    rows = [("notebook", "figure", "value"), *table_rows(data)]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from chexnet_utils.notebook import results
+from chexnet_utils.notebook.run_record import run_record, stamp
 from chexnet_utils.platform.atomic import atomic_path, write_text_atomic
 from chexnet_utils.platform.processes import check_terminated, note_termination
 
@@ -52,7 +53,8 @@ def execute_notebook(path: Path, out_dir: Path, timeout: int = 3600,
     everything it starts); ``None``: this process's.
 
     A failing cell does not raise: the run's ``error`` says which cell failed and why, and
-    the partly executed notebook is still written so the learner can look at it.
+    the partly executed notebook is still written so the learner can look at it. The
+    executed copy carries where it ran in its metadata (:mod:`~chexnet_utils.notebook.run_record`).
     """
     import nbformat
     from nbclient import NotebookClient
@@ -96,6 +98,7 @@ def execute_notebook(path: Path, out_dir: Path, timeout: int = 3600,
             signal.signal(signal.SIGTERM, our_handler)  # nbclient leaves SIG_DFL behind
     check_terminated()
     seconds = time.perf_counter() - t0
+    stamp(nb, run_record("make tutorial"))  # where its numbers come from, for make book
     executed = out_dir / path.name
     with atomic_path(executed) as tmp:
         nbformat.write(nb, tmp)

@@ -9,15 +9,12 @@ browser (``make lab``: an hour), so that a closed browser's kernel can be seen g
 Teardown stops Chromium, JupyterLab and its kernels and fails if any process the folder's
 tests started is still alive.
 
-Chromium comes from ``scripts/setup.sh`` (``apt-get install chromium`` as root). Without it
-the browser tests are skipped when not root (say so in the reason), and fail as root, where
-setup should have installed it.
+Chromium: :mod:`tests.support.chromium` (skipped without it when not root).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,13 +22,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support.chromium import headless_chromium
 from tests.support.lab_server import LabServer
 from tests.support.proctree import cmdline_of
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-CHROMIUM = Path(os.environ.get("CHEXNET_CHROMIUM") or shutil.which("chromium")
-                or "/usr/bin/chromium")  # the same lookup as scripts/setup.sh (PATH)
 CULL_IDLE_S, CULL_INTERVAL_S = 4, 1
 """The test server's kernel culling (``make lab``: 3600 s, checked every 60 s)."""
 
@@ -79,32 +75,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
 @pytest.fixture(scope="package")
 def browser(lab: LabServer) -> Iterator[object]:
     """Headless Debian Chromium through Playwright (no browser download)."""
-    if not CHROMIUM.exists():
-        how = "sudo apt-get update && sudo apt-get install -y chromium"
-        release = Path("/etc/os-release")
-        if release.exists() and re.search(r"^ID=\"?ubuntu", release.read_text(), re.M):
-            pytest.skip("browser check skipped: Ubuntu's chromium apt package is a snap shim "
-                        "that `make setup` does not install; put a Chromium binary on PATH "
-                        "or name it in CHEXNET_CHROMIUM")
-        if os.geteuid() == 0:
-            pytest.fail(f"{CHROMIUM} is missing although this is root: `make setup` installs it "
-                        f"(or run: {how})")
-        pytest.skip(f"browser check skipped: Debian chromium is not installed at {CHROMIUM} and "
-                    f"this is not root, so `make setup` could not install it; run: {how}")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as exc:   # pinned in requirements/base.txt
-        pytest.fail(f"playwright is not installed ({exc}); run `make setup`")
-    pw = sync_playwright().start()
-    try:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                      args=["--disable-dev-shm-usage", "--disable-gpu"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-    finally:
-        pw.stop()
+    with headless_chromium() as chromium:
+        yield chromium
 
 
 @pytest.fixture(scope="package")
