@@ -52,9 +52,10 @@ setup:
 #      that must not run side by side share a worker (XDIST_GROUPS in tests/conftest.py);
 #   2. every notebook under nbval in one serial process, with nothing else running: their
 #      cells time pipelines, training steps and allreduces (conftest.py refuses notebooks
-#      under xdist). What nbval executed is saved in $(BUILD)/executed (CHEXNET_EXECUTED_DIR),
-#      and the stage ends with the course site built from it and checked in Chromium
-#      (tests/notebooks/test_course_site.py: $(BUILD)/book, screenshots in $(BUILD)/browser).
+#      under xdist). What nbval executes is saved in $(BUILD)/test/executed (emptied first;
+#      CHEXNET_SAVE_EXECUTED), and the stage ends with the course site built from it and checked
+#      in Chromium (tests/notebooks/test_course_site.py: $(BUILD)/test/book, screenshots in
+#      $(BUILD)/browser). make tutorial's executed/ and book/ are left alone.
 #      Its closing table adds stage 1's wall time (handed over in a temporary file) and
 #      judges the total against the 15-minute budget.
 TEST_WORKERS ?= 2
@@ -82,7 +83,8 @@ test: setup lint
 	CHEXNET_TEST_TIMES="$$times" "$(PY)" -m pytest tests \
 	  --tx "$(TEST_WORKERS)*popen//python='$(PY)' -m chexnet_utils.platform.exposure private -- '$(PY)'" \
 	  --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \
-	CHEXNET_TEST_TIMES="$$times" CHEXNET_EXECUTED_DIR="$(abspath $(BUILD))/executed" \
+	CHEXNET_TEST_TIMES="$$times" CHEXNET_SAVE_EXECUTED="$(abspath $(BUILD))/test/executed" \
+	  CHEXNET_EXECUTED_DIR="$(abspath $(BUILD))/test/executed" \
 	  CHEXNET_BROWSER_SHOTS="$(abspath $(BUILD))/browser" \
 	  $(PRIVATE_NET) "$(PY)" -m pytest $(NOTEBOOKS) tests/notebooks/test_course_site.py \
 	  --nbval-lax --nbval-current-env \
@@ -189,8 +191,9 @@ endif
 # from the notebooks make tutorial (or make test) executed in $(BUILD)/executed: nothing is run
 # again. Offline: no download at build or view time; a broken internal link, a missing figure
 # or a request to another host fails it. REPO_URL=https://... adds a repository button.
-# make book-check: the same site opened page by page in headless Chromium (links, figures,
-# search, collapsed blocks, no outside request; screenshots in $(BUILD)/browser).
+# make book-check: the site built again the same way (REPO_URL too) and opened page by page in
+# headless Chromium (links, figures, search, collapsed blocks, no outside request; screenshots
+# in $(BUILD)/browser; skipped, with the reason printed, where Chromium is missing).
 book: setup
 	"$(PY)" -m chexnet_utils book --executed "$(BUILD)/executed" --out "$(BUILD)" \
 	  $(if $(REPO_URL),--repo-url "$(REPO_URL)")
@@ -198,7 +201,8 @@ book: setup
 
 book-check: setup
 	CHEXNET_EXECUTED_DIR="$(abspath $(BUILD))/executed" CHEXNET_BROWSER_SHOTS="$(abspath $(BUILD))/browser" \
-	  "$(PY)" -m pytest tests/notebooks/test_course_site.py -s $(PYTEST_ARGS)
+	  CHEXNET_BOOK_REPO_URL="$(REPO_URL)" \
+	  "$(PY)" -m pytest tests/notebooks/test_course_site.py -s -rs $(PYTEST_ARGS)
 
 browser-check: setup
 	CHEXNET_BROWSER_SHOTS="$(BUILD)/browser" "$(PY)" -m pytest tests/notebooks/test_browser.py \

@@ -8,9 +8,9 @@ xdist). ``--durations`` lists single cells; a table adds them up per notebook (k
 and stop included), so a slow notebook is visible at a glance; a second table splits every
 layer's time into setup (fixtures), call and teardown and lists the slowest setups.
 
-With ``CHEXNET_EXECUTED_DIR`` set (``make test`` sets it to ``build/executed``), what nbval
-executes is saved there as executed notebooks (:mod:`tests.support.executed_notebooks`), which
-the course-site test at the end of the notebook stage builds its site from.
+With ``CHEXNET_SAVE_EXECUTED`` set (``make test`` sets it to ``build/test/executed``), what
+nbval executes is saved there as executed notebooks (:mod:`tests.support.executed_notebooks`),
+which the course-site test at the end of the notebook stage builds its site from.
 
 The two stages share their wall times through the file named by ``CHEXNET_TEST_TIMES``: the
 tests stage writes its wall time there, the notebook stage reads it and prints the total
@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from chexnet_utils.platform.processes import command_lifetime
-from tests.support.executed_notebooks import EXECUTED_ENV, ExecutedNotebooks
+from tests.support.executed_notebooks import SAVE_ENV, ExecutedNotebooks
 from tests.support.suite_times import (
     agenda_report,
     budget_minutes,
@@ -101,13 +101,13 @@ def pytest_sessionstart(session):  # noqa: ANN001, ANN201
     lifetime = command_lifetime()
     lifetime.__enter__()
     _lifetime.append(lifetime)
-    if os.environ.get(EXECUTED_ENV):
-        _executed.append(ExecutedNotebooks(Path(os.environ[EXECUTED_ENV])))
+    if os.environ.get(SAVE_ENV) and not hasattr(session.config, "workerinput"):
+        _executed.append(ExecutedNotebooks(Path(os.environ[SAVE_ENV])))
 
 
 def pytest_runtest_makereport(item, call):  # noqa: ANN001, ANN201
     # make test's notebook stage: keep each cell's outputs, write a notebook after its last
-    # cell (the course site is built from those: make book, tests/book/)
+    # cell (the course site is built from those: tests/notebooks/test_course_site.py)
     for executed in _executed:
         if call.when == "call":
             executed.add(item)

@@ -88,7 +88,7 @@ as() {
   home=$(getent passwd "$u" | cut -d: -f6)
   ${AS_EXEC:+exec} setpriv --reuid="$u" --regid="$u" --init-groups -- env -i HOME="$home" \
     USER="$u" LOGNAME="$u" LANG=C.UTF-8 PATH="$(dirname "$LPY"):/usr/local/bin:/usr/bin:/bin" \
-    PYTHONDONTWRITEBYTECODE=1 TF_CPP_MIN_LOG_LEVEL=2 MPLBACKEND=Agg \
+    PYTHONDONTWRITEBYTECODE=1 TF_CPP_MIN_LOG_LEVEL=2 \
     PYDEVD_DISABLE_FILE_VALIDATION=1 CHEXNET_WORK_DIR="$home/build" \
     ${PYTHONPATH:+PYTHONPATH="$PYTHONPATH"} "$@"
 }

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.hardware.devices import cpu_thread_budget, usable_cores
 from chexnet_utils.platform.atomic import make_private
+from chexnet_utils.platform.exposure import check_listen_address
 from chexnet_utils.platform.processes import (
     LIFELINE_ENV,
     lifeline_tokens,
@@ -36,13 +37,10 @@ from chexnet_utils.platform.processes import (
     terminate_below,
     watchdog_remove_on_death,
 )
-from chexnet_utils.platform.root import root_switches
+from chexnet_utils.platform.root import ROOT_SWITCHES, root_switches
 
 if TYPE_CHECKING:
     from traitlets.config import Config
-
-ROOT_SWITCHES = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-
 
 BIND_TO_ONE_CORE = ("core", "hwthread")
 """``--bind-to`` values that give each rank a single core (or hardware thread)."""
@@ -278,14 +276,6 @@ def mpi_rank() -> int:
 
 class EngineFailure(RuntimeError):
     """An engine (or the whole MPI job) died, or a task ran past its time limit."""
-
-
-def check_listen_address(ip: str) -> None:
-    """``ValueError`` for a wildcard address (``0.0.0.0``, ``::``, ``*``, empty): a controller
-    listens on one named interface, never on every network of the machine."""
-    if ip.strip() in ("", "0.0.0.0", "*", "::", "[::]"):
-        raise ValueError(f"controller_ip={ip!r} would listen on every interface: name the "
-                         "address of the one the engines reach (127.0.0.1 on one machine)")
 
 
 def mpirun_option_given(args: Sequence[str], option: str) -> bool:

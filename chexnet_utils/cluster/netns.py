@@ -38,8 +38,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chexnet_utils.cluster.distributed import ROOT_SWITCHES
 from chexnet_utils.platform.processes import wait_pids_gone
+from chexnet_utils.platform.root import ROOT_SWITCHES
 
 NETNS_ETC = Path("/etc/netns")
 """Per-namespace files ``ip netns exec`` bind-mounts over ``/etc`` (here: ``hosts``)."""

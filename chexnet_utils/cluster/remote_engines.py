@@ -39,8 +39,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from chexnet_utils.cluster.distributed import check_listen_address
 from chexnet_utils.platform.atomic import make_private
+from chexnet_utils.platform.exposure import check_listen_address
 from chexnet_utils.platform.processes import (
     LIFELINE_ENV,
     lifeline_tokens,

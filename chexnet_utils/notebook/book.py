@@ -25,7 +25,6 @@ then checks the result (links, figures, outside requests) and a failing check fa
 from __future__ import annotations
 
 import html
-import json
 import re
 import shutil
 import subprocess
@@ -49,9 +48,10 @@ REPO_FILES = "_repo"
 """Folder of the Sphinx project holding repository files the pages link to (downloads)."""
 RUN_PAGE = "run-it-yourself"
 BAR_WIDTH = 10
+PROGRESS_MODELS = ("FloatProgressModel", "IntProgressModel")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _NOTEBOOK = re.compile(r"^\d\d_.*\.ipynb$")
-_LOCAL_LINK = re.compile(r"\[([^\]]+)\]\((?![a-z]+:)[^)]*\)")
+_LOCAL_LINK = re.compile(r"(?<!!)\[([^\]]+)\]\((?![a-z]+:)[^)]*\)")
 _REPO_LINK = re.compile(r"\]\(\.\./([^)\s#]+)(#[^)\s]*)?\)")
 
 
@@ -74,6 +74,8 @@ def conf_py(title: str, repo_url: str | None) -> str:
         "nb_ipywidgets_js": {},            # no require.js / widget manager from a CDN
         "nb_merge_streams": True,
         "nb_render_markdown_format": "gfm",  # the notebooks' tables (text/markdown outputs)
+        # LaTeX outputs as their text: math would add MathJax from a CDN (sphinx.ext.mathjax)
+        "nb_mime_priority_overrides": [["html", "text/latex", None]],
         "myst_enable_extensions": ["colon_fence"],
         "myst_heading_anchors": 3,
         "exclude_patterns": [f"{REPO_FILES}/**", "_build", "**.ipynb_checkpoints"],
@@ -87,21 +89,21 @@ def conf_py(title: str, repo_url: str | None) -> str:
         "suppress_warnings": ["myst.header", "misc.highlighting_failure"],
     }
     return "# Written by chexnet_utils.notebook.book; rebuilt on every make book.\n" + "".join(
-        f"{key} = {json.dumps(value)}\n".replace("true", "True").replace("false", "False")
-        for key, value in settings.items())
+        f"{key} = {value!r}\n" for key, value in settings.items())
 
 
 def widget_text(view: Mapping[str, Any], state: Mapping[str, Any]) -> str | None:
     """The text of a tqdm progress bar's final state (its HBox: label, bar, counts), e.g.
     ``epochs: 100% |██████████| 4/4 [00:02<00:00]``, or
-    ``None`` when the widget is not one."""
+    ``None`` when its state was not saved (nbval, for one, drops the widget messages) or the
+    widget is not one."""
     models = state.get("state", {})
     box = models.get(view.get("model_id", ""), {}).get("state", {})
     parts = []
     for ref in box.get("children", []):
         child = models.get(str(ref).removeprefix("IPY_MODEL_"), {})
         s = child.get("state", {})
-        if child.get("model_name") == "FloatProgressModel":  # tqdm's label has the percent
+        if child.get("model_name") in PROGRESS_MODELS:  # tqdm's label has the percent
             total = s.get("max") or 0
             filled = round(BAR_WIDTH * min(1.0, (s.get("value") or 0) / total)) if total else 0
             parts.append("|" + "\u2588" * filled + " " * (BAR_WIDTH - filled) + "|")
@@ -111,33 +113,69 @@ def widget_text(view: Mapping[str, Any], state: Mapping[str, Any]) -> str | None
     return text or None
 
 
-def prepare_notebook(nb: Any, name: str, *, clean_name: str) -> None:
-    """Ready an executed notebook for its page: the "Measured on" box under the title cell,
-    progress-bar widgets as text, links to repository files as downloads."""
-    import nbformat
-
-    state = nb.metadata.get("widgets", {}).get(
-        "application/vnd.jupyter.widget-state+json", {})
+def widgets_as_text(nb: Any) -> None:
+    """Progress-bar widgets as the text of their final state; a widget whose state the run did
+    not save is dropped (its text fallback is the bar as first drawn: ``0%``)."""
+    state = nb.metadata.pop("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
     for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            cell.source = _REPO_LINK.sub(lambda m: f"]({REPO_FILES}/{m.group(1)})", cell.source)
+        kept = []
         for out in cell.get("outputs", []):
             data = out.get("data", {})
             if WIDGET_VIEW in data:
-                text = widget_text(data[WIDGET_VIEW], state)
-                data.pop(WIDGET_VIEW)
+                text = widget_text(data.pop(WIDGET_VIEW), state)
+                data.pop("text/plain", None)
                 if text:
                     data["text/plain"] = text
-    nb.metadata.pop("widgets", None)
-    record = recorded_run(nb)
-    box = nbformat.v4.new_markdown_cell(
+                if not data:
+                    continue
+            kept.append(out)
+        if cell.cell_type == "code":
+            cell.outputs = kept
+
+
+def where_it_stopped(nb: Any) -> str | None:
+    """Why the run of ``nb`` did not finish (``None``: it did): the first error output, or the
+    first code cell left unexecuted after an executed one (a timeout, an interrupted run)."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for n, cell in enumerate(code):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                return f"code cell {n + 1} raised {out.get('ename')}: {out.get('evalue')}"
+    ran = [c.get("execution_count") is not None for c in code]
+    if any(ran) and not all(ran[ran.index(True):]):
+        first = ran.index(True) + ran[ran.index(True):].index(False)
+        return f"code cells from {first + 1} on were not executed"
+    return None
+
+
+def prepare_notebook(nb: Any, name: str, *, clean_name: str) -> None:
+    """Ready an executed notebook for its page: the "Measured on" box after the title cell
+    (and a warning box when its run did not finish), progress bars as text, links to
+    repository files as downloads."""
+    import nbformat
+
+    widgets_as_text(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = _REPO_LINK.sub(lambda m: f"]({REPO_FILES}/{m.group(1)})", cell.source)
+    boxes = [
         ":::{admonition} Measured on\n:class: note\n"
         f"The outputs, numbers and figures on this page are from one run: "
-        f"{describe_run(record)}. On a GPU node, or at another scale, they differ: "
+        f"{describe_run(recorded_run(nb))}. On a GPU node, or at another scale, they differ: "
         f"[run it yourself]({RUN_PAGE}.md).\n\n"
-        f"The notebook as committed (no outputs): {{download}}`{name} <{clean_name}>`.\n:::")
-    first_markdown = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), -1)
-    nb.cells.insert(first_markdown + 1, box)
+        f"The notebook as committed (outputs cleared but those nbval checks): "
+        f"{{download}}`{name} <{clean_name}>`.\n:::"]
+    stopped = where_it_stopped(nb)
+    if stopped:
+        boxes.append(f":::{{admonition}} This run did not finish\n:class: warning\n{stopped}; "
+                     "the outputs after it are missing or from the failure.\n:::")
+    title = next((i for i, c in enumerate(nb.cells)
+                  if c.cell_type == "markdown" and c.source.lstrip().startswith("# ")), None)
+    if title is None:  # a page needs a title: the navigation and the browser check read it
+        nb.cells.insert(0, nbformat.v4.new_markdown_cell(f"# {Path(name).stem}"))
+        title = 0
+    for box in reversed(boxes):
+        nb.cells.insert(title + 1, nbformat.v4.new_markdown_cell(box))
 
 
 def readme_opening(readme: Path) -> str:
@@ -168,6 +206,9 @@ def index_page(title: str, opening: str, pages: Sequence[str], records: Sequence
     where = ("All pages were executed on " + runs[0] + "." if len(runs) == 1 else
              "The pages were executed on more than one machine or by more than one command "
              "(each page names its own):\n\n" + "\n".join(f"- {m}" for m in runs))
+    if not any(r and r.get("gpus") for r in records):
+        where += ("\n\nNo GPU took part: these are CPU figures, not a GPU node's (the notebooks "
+                  "say which of their figures need one).")
     toc = "\n".join([*pages, RUN_PAGE])
     return f"""# {title}
 
@@ -176,15 +217,16 @@ def index_page(title: str, opening: str, pages: Sequence[str], records: Sequence
 :::{{admonition}} Where these numbers come from
 :class: important
 {where}
-A 2-core CI figure is not a GPU node's: every page says where it ran.
 :::
 
 ## Run it yourself: two commands
 
 ```bash
 make tutorial   # sets up everything, makes the sample data, runs every notebook headless
-make lab        # JupyterLab with the project kernel: learn interactively
+make test       # unit tests + every notebook under nbval + the browser checks (what CI runs)
 ```
+
+Then learn interactively: `make lab` (JupyterLab with the project kernel and MPI engines).
 
 `make book` rebuilds this site from the executed notebooks ([more](run-it-yourself.md)).
 
@@ -270,7 +312,8 @@ def build_book(executed_dir: Path, out: Path, *, results_json: Path | None = Non
                repo_url: str | None = None, root: Path | None = None,
                title: str = "chexnet-at-scale") -> Path:
     """Build the site from the executed notebooks in ``executed_dir`` into ``<out>/book``
-    and check it; return the site's folder.
+    and check it; return the site's folder. The site is built beside it (``book.new``) and
+    replaces it only when it passes: a failed build leaves the last good site in place.
 
     Raises ``FileNotFoundError`` when ``executed_dir`` holds no executed notebook, and
     ``RuntimeError`` when Sphinx fails or warns (a link to a page that is not in the book, a
@@ -286,22 +329,26 @@ def build_book(executed_dir: Path, out: Path, *, results_json: Path | None = Non
     root = root or repo_root()
     data = results.load(results_json) if results_json else {}
     src, site, log = out / SOURCE_DIR, out / SITE_DIR, out / LOG_NAME
+    new = out / f"{SITE_DIR}.new"  # the old site stays until the new one passes its check
     write_project(executed, src, title=title, data=data, repo_url=repo_url, root=root)
-    if site.exists():
-        shutil.rmtree(site)
+    if new.exists():
+        shutil.rmtree(new)
     with open(log, "w", encoding="utf-8") as f:
         done = subprocess.run(
             [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-E", "-W", "--keep-going",
-             "-d", str(out / "book-doctrees"), str(src), str(site)],
+             "-d", str(out / "book-doctrees"), str(src), str(new)],
             stdout=f, stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0:  # -W: a warning (a link to no page, say) fails the build
         said = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
         raise RuntimeError(f"sphinx-build failed (exit {done.returncode}; {log}):\n  "
                            + "\n  ".join(said[:20]))
-    problems = site_problems(site)
+    problems = site_problems(new)
     if problems:
-        raise RuntimeError(f"the built site {site} has {len(problems)} problem(s):\n  "
-                           + "\n  ".join(problems[:40]))
+        raise RuntimeError(f"the built site {new} has {len(problems)} problem(s) ({site} is "
+                           "left as it was):\n  " + "\n  ".join(problems[:40]))
+    if site.exists():
+        shutil.rmtree(site)
+    new.rename(site)
     print(f"book: {len(executed)} notebooks -> {site / 'index.html'} in "
           f"{time.perf_counter() - t0:.0f} s (Sphinx's messages: {log})")
     return site

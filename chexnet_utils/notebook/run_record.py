@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from chexnet_utils.config import scale
-from chexnet_utils.hardware.devices import physical_gpus, usable_cores
+from chexnet_utils.hardware.devices import usable_cores, visible_gpus
 
 META_KEY = "chexnet"
 """The notebook metadata key holding :func:`stamp`'s record of the run (``["executed"]``)."""
@@ -40,7 +40,7 @@ def run_record(by: str) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cores": usable_cores(),
         "cpu": cpu_model(),
-        "gpus": [gpu.name for gpu in physical_gpus()],
+        "gpus": [gpu.name for gpu in visible_gpus()],  # CUDA_VISIBLE_DEVICES="" -> none
         "scale": scale().name,
         "python": platform.python_version(),
     }

@@ -5,6 +5,7 @@ nothing is loaded from another host.
 
 - an internal link (``<a href>``) to a file that is not in the site, or to an ``#anchor``
   that the target page does not define;
+- a link or resource outside the site's folder (``../figures/x.png``: not published with it);
 - a resource (``<img>``, ``<script>``, ``<link rel=stylesheet|icon|preload...>``, ``<iframe>``,
   ``<source>``, ``<video>``, ``<audio>``, ``<embed>``, ``<object>``) that is missing from the
   site, empty, or on another host (the site must work offline: a browser fetches those
@@ -12,7 +13,8 @@ nothing is loaded from another host.
 - ``url(...)`` in the site's CSS pointing to another host.
 
 Links to other hosts in ``<a href>`` are fine: a reader follows them by choice. ``make book``
-fails on any problem; the browser test (tests/book/) then checks the same pages live.
+fails on any problem; the browser check (tests/support/site_browser.py) then checks the same
+pages live.
 """
 
 from __future__ import annotations
@@ -86,33 +88,46 @@ def site_problems(site: Path) -> list[str]:
     problems = []
     for page, parsed in pages.items():
         name = page.relative_to(site)
-        for url in parsed.resources:
-            if is_remote(url):
-                problems.append(f"{name}: loads {url} from another host")
-                continue
-            found = _target(site, page, url)
-            if found is not None and urlsplit(url).scheme == "":
-                path = found[0]
-                if not path.is_file() or path.stat().st_size == 0:
-                    problems.append(f"{name}: resource {url} is missing or empty")
-        for url in parsed.links:
-            found = _target(site, page, url)
-            if found is None:
-                continue
-            path, fragment = found
-            if not str(path).startswith(str(site)):
-                problems.append(f"{name}: link {url} leaves the site's folder")
-            elif not path.is_file():
-                problems.append(f"{name}: link {url} points to a missing file")
-            elif fragment and path.suffix == ".html":
-                target = pages.get(path) or _read(path)
-                if unquote(fragment) not in target.ids:
-                    problems.append(f"{name}: link {url}: no #{fragment} in {path.name}")
+        problems += [f"{name}: {p}" for url in parsed.resources
+                     for p in [_resource_problem(site, page, url)] if p]
+        problems += [f"{name}: {p}" for url in parsed.links
+                     for p in [_link_problem(site, page, url, pages)] if p]
     for css in sorted(site.rglob("*.css")):
         for url in _CSS_URL.findall(css.read_text(encoding="utf-8", errors="replace")):
             if is_remote(url):
                 problems.append(f"{css.relative_to(site)}: url({url}) from another host")
     return problems
+
+
+def _resource_problem(site: Path, page: Path, url: str) -> str | None:
+    """What is wrong with a resource ``url`` the browser fetches for ``page``, if anything."""
+    if is_remote(url):
+        return f"loads {url} from another host"
+    found = _target(site, page, url)
+    if found is None:
+        return None   # data: or blob:
+    if not found[0].is_relative_to(site):
+        return f"resource {url} is outside the site's folder"
+    if not found[0].is_file() or found[0].stat().st_size == 0:
+        return f"resource {url} is missing or empty"
+    return None
+
+
+def _link_problem(site: Path, page: Path, url: str, pages: dict[Path, _Page]) -> str | None:
+    """What is wrong with an internal link ``url`` of ``page``, if anything."""
+    found = _target(site, page, url)
+    if found is None:
+        return None   # another host, mailto:, javascript:
+    path, fragment = found
+    if not path.is_relative_to(site):
+        return f"link {url} leaves the site's folder"
+    if not path.is_file():
+        return f"link {url} points to a missing file"
+    if fragment and path.suffix == ".html":
+        target = pages.get(path) or _read(path)
+        if unquote(fragment) not in target.ids:
+            return f"link {url}: no #{fragment} in {path.name}"
+    return None
 
 
 def _read(path: Path) -> _Page:

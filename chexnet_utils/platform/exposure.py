@@ -61,6 +61,14 @@ PRIVATE_NETNS_ENV = "CHEXNET_PRIVATE_NETNS"
 that namespace, as ``/proc/self/ns/net`` names it (``net:[inode]``)."""
 
 
+def check_listen_address(ip: str) -> None:
+    """``ValueError`` for a wildcard address (``0.0.0.0``, ``::``, ``*``, empty): a controller
+    listens on one named interface, never on every network of the machine."""
+    if ip.strip() in ("", "0.0.0.0", "*", "::", "[::]"):
+        raise ValueError(f"controller_ip={ip!r} would listen on every interface: name the "
+                         "address of the one the engines reach (127.0.0.1 on one machine)")
+
+
 def _net_namespace(pid: int | str) -> str:
     """``net:[inode]``: the network namespace process ``pid`` is in (``OSError`` where
     that may not be read)."""

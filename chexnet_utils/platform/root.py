@@ -21,6 +21,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+ROOT_SWITCHES = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+"""What Open MPI needs to start as root (:func:`root_switches` says when to add them)."""
 ALLOW_ROOT_ENV = "CHEXNET_ALLOW_ROOT"
 """``1``: let Jupyter and Open MPI run as the host's root."""
 CONTAINER_MARKERS = ("/.dockerenv", "/run/.containerenv")

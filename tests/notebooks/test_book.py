@@ -153,7 +153,7 @@ def test_widget_text_of_a_progress_bar_and_of_an_unknown_widget():
 
 def test_nothing_is_loaded_from_a_cdn():
     conf = conf_py("t", None)
-    assert "nb_ipywidgets_js = {}" in conf and 'nb_execution_mode = "off"' in conf
+    assert "nb_ipywidgets_js = {}" in conf and "nb_execution_mode = 'off'" in conf
     assert is_remote("https://cdn.example/x.js") and is_remote("//cdn.example/x.js")
     assert not is_remote("_static/x.js") and not is_remote("data:image/png;base64,AA")
 

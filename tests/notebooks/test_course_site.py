@@ -2,13 +2,15 @@
 in headless Chromium.
 
 ``make test`` runs this file at the end of its notebook stage, after every notebook, with
-``CHEXNET_EXECUTED_DIR`` naming where the stage saved what nbval executed (the repository's
-conftest.py), so nothing is executed twice; ``make book-check`` runs it on what ``make
-tutorial`` executed. Elsewhere (``make test``'s first stage, a bare ``pytest tests``) it is
+``CHEXNET_EXECUTED_DIR`` naming where the stage saved what nbval executed in this session
+(``build/test/executed``: the repository's conftest.py empties it first), so nothing is
+executed twice; ``make book-check`` runs it on what ``make tutorial`` executed
+(``build/executed``). Elsewhere (``make test``'s first stage, a bare ``pytest tests``) it is
 skipped: there is no executed course to build from.
 
-The site goes to ``<that folder's parent>/book``; the screenshots of the landing page and of
-notebook 04 to ``$CHEXNET_BROWSER_SHOTS`` (``build/browser/``), else the test's folder.
+The site goes to ``<that folder's parent>/book`` (``CHEXNET_BOOK_REPO_URL``: a repository
+button, as ``make book REPO_URL=...``); the screenshots of the landing page and of notebook 04
+to ``$CHEXNET_BROWSER_SHOTS`` (``build/browser/``), else the test's folder.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from chexnet_utils.notebook import results
 from chexnet_utils.notebook.book import build_book, executed_notebooks
 from chexnet_utils.notebook.run_record import recorded_run
 from tests.support.chromium import headless_chromium
@@ -46,8 +49,9 @@ def test_the_course_site_builds_and_every_page_passes_in_chromium(tmp_path: Path
     assert not unrecorded, f"executed without a record of where: {unrecorded}"
     out = executed.parent
     t0 = time.perf_counter()
-    site = build_book(executed, out, results_json=out / "results.json"
-                      if (out / "results.json").exists() else None)
+    results_json = results.results_path()  # where the notebooks recorded (the work dir)
+    site = build_book(executed, out, results_json=results_json if results_json.exists() else None,
+                      repo_url=os.environ.get("CHEXNET_BOOK_REPO_URL") or None)
     build_s = time.perf_counter() - t0
     shot_dir = Path(os.environ.get("CHEXNET_BROWSER_SHOTS") or tmp_path)
     t0 = time.perf_counter()

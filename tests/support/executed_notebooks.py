@@ -4,10 +4,12 @@ course site (``make book``) with them, so no notebook is run twice.
 nbval runs each code cell in a kernel and keeps the outputs it compares in the cell item's
 ``test_outputs`` (nbval 0.11, ``nbval/plugin.py``: ``IPyNbCell.runtest``); it never writes a
 notebook. :class:`ExecutedNotebooks` (driven by the repository's conftest.py when
-``CHEXNET_EXECUTED_DIR`` names a folder) collects those outputs cell by cell and, after a
-notebook's last cell, writes the notebook with them to ``<folder>/<name>.ipynb``, stamped with
-where it ran (:mod:`chexnet_utils.notebook.run_record`). A cell nbval skipped keeps its
-committed outputs.
+``CHEXNET_SAVE_EXECUTED`` names a folder: ``make test`` sets ``build/test/executed``) empties the
+folder of notebooks when the session starts (so nothing there is from an earlier run), collects
+nbval's outputs cell by cell and, after a notebook's last cell, writes the notebook with them to
+``<folder>/<name>.ipynb``, stamped with where it ran (:mod:`chexnet_utils.notebook.run_record`).
+A cell nbval skipped keeps its committed outputs; nbval drops widget messages, so progress
+bars have no saved state (the site leaves them out).
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from typing import Any
 from chexnet_utils.notebook.run_record import run_record, stamp
 from chexnet_utils.platform.atomic import atomic_path
 
+SAVE_ENV = "CHEXNET_SAVE_EXECUTED"
+"""Where the notebook stage saves what nbval executed (emptied of notebooks first)."""
 EXECUTED_ENV = "CHEXNET_EXECUTED_DIR"
+"""Where the course-site test finds the executed course (tests/notebooks/test_course_site.py)."""
 
 
 class ExecutedNotebooks:
@@ -28,6 +33,8 @@ class ExecutedNotebooks:
     def __init__(self, folder: Path, by: str = "make test (nbval)") -> None:
         self.folder = folder
         self.by = by
+        for old in folder.glob("*.ipynb"):  # an earlier run's: never mixed with this one's
+            old.unlink()
         self._outputs: dict[int, dict[int, list[Any]]] = {}  # id(notebook item) -> cell -> outs
         self._last: dict[int, Any] = {}
         self.written: list[Path] = []

@@ -96,6 +96,7 @@ def browse_site(browser: object, base: str, site: Path, *, shots: Sequence[str] 
             f = page.evaluate(_PAGE_FACTS)
             facts[rel] = f
             problems += [f"{rel}: {e}" for e in events]
+            events.clear()
             if not f["title"].strip():
                 problems.append(f"{rel}: no <title>")
             if not f["h1"]:
@@ -107,11 +108,14 @@ def browse_site(browser: object, base: str, site: Path, *, shots: Sequence[str] 
                 page.screenshot(path=str(shot_dir / f"book-{rel.removesuffix('.html')}.png"))
             if f["details"]:
                 problems += [f"{rel}: {p}" for p in _check_details(page)]
+                problems += [f"{rel} (after opening a collapsed block): {e}" for e in events]
         problems += _check_links(context, base, facts)
         hits: list[str] = []
         if search_word:
+            events.clear()
             hits = _search(page, base, search_word)
-            if search_page and not any(h.endswith(search_page) for h in hits):
+            problems += [f"search.html (searching {search_word!r}): {e}" for e in events]
+            if search_page and not any(urldefrag(h)[0].endswith(search_page) for h in hits):
                 problems.append(f"search for {search_word!r} did not find {search_page} "
                                 f"(found: {hits})")
     finally:

@@ -7,6 +7,7 @@ import argparse
 
 import pytest
 
+from chexnet_utils.platform import options as cli_options
 from chexnet_utils.platform.checks import require_at_least
 
 
@@ -100,7 +101,7 @@ def test_bench_command_options_take_their_defaults_from_the_function(argv, modul
 
     fn = getattr(importlib.import_module(module), function)
     table = getattr(cli, options)
-    values = cli.option_values(cli.build_parser().parse_args(argv), table)
+    values = cli_options.option_values(cli.build_parser().parse_args(argv), table)
     params = inspect.signature(fn).parameters
     assert set(table) <= set(params)
     def plain(v: object) -> object:  # a sequence default may stay a tuple: argparse keeps it
@@ -115,15 +116,14 @@ def test_bench_command_options_take_their_defaults_from_the_function(argv, modul
 def test_a_sequence_option_is_a_comma_list():
     from collections.abc import Sequence
 
-    from chexnet_utils import cli
     from chexnet_utils.input.pipelines import Pipeline
 
-    assert cli._option_type(Sequence[int])("1,2,4") == [1, 2, 4]
-    assert cli._option_type(Sequence[str] | None)("old, new") == ["old", "new"]
-    assert cli._option_type(Sequence[int])("") is None  # blank: the function's default
+    assert cli_options.option_type(Sequence[int])("1,2,4") == [1, 2, 4]
+    assert cli_options.option_type(Sequence[str] | None)("old, new") == ["old", "new"]
+    assert cli_options.option_type(Sequence[int])("") is None  # blank: the function's default
     with pytest.raises(argparse.ArgumentTypeError, match="'fast' not one of 'new', 'old'"):
-        cli._option_type(Sequence[Pipeline])("old,fast")
-    assert cli._shown((1, 2)) == "1,2" and cli._shown(1e9) == "1e+09"
+        cli_options.option_type(Sequence[Pipeline])("old,fast")
+    assert cli_options.shown_default((1, 2)) == "1,2" and cli_options.shown_default(1e9) == "1e+09"
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -151,7 +151,7 @@ def test_a_blank_list_option_means_the_default(argv):
                    "gpu-node": ("gpus", cli.GPU_NODE_OPTIONS),
                    "link": ("launchers", cli.LINK_OPTIONS)}[argv[1]]
     assert getattr(args, name) is None
-    assert name not in cli.option_values(args, table)  # so the function's default applies
+    assert name not in cli_options.option_values(args, table)  # so the function's default applies
 
 
 @pytest.mark.parametrize("argv", [["--arch", "vgg16"], ["--pipeline", "fast"],

@@ -43,3 +43,13 @@ def test_runs_of_one_machine_and_command_are_one_line_with_a_date_range():
     assert "2026-12-07 16:45 UTC to 2026-12-07 17:02 UTC, by `make tutorial`" in lines[0]
     assert "2026-12-07 17:10 UTC, by `make test (nbval)`" in lines[1]
     assert "no record" in lines[2]
+
+
+def test_the_notebook_stage_starts_from_an_empty_folder_of_executed_notebooks(tmp_path):
+    from tests.support.executed_notebooks import ExecutedNotebooks
+
+    (tmp_path / "03_old.ipynb").write_text("{}")   # an earlier run's: never mixed with this one
+    (tmp_path / "notes.txt").write_text("kept")
+    recorder = ExecutedNotebooks(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert recorder.written == []
