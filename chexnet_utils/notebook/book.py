@@ -73,7 +73,7 @@ def conf_py(title: str, repo_url: str | None) -> str:
         "nb_execution_mode": "off",        # executed already: make tutorial or make test
         "nb_ipywidgets_js": {},            # no require.js / widget manager from a CDN
         "nb_merge_streams": True,
-        "nb_render_markdown_format": "gfm",  # the notebooks' tables (text/markdown outputs)
+        "nb_render_markdown_format": "myst",  # tables in text/markdown outputs (the table helper)
         # LaTeX outputs as their text: math would add MathJax from a CDN (sphinx.ext.mathjax)
         "nb_mime_priority_overrides": [["html", "text/latex", None]],
         "myst_enable_extensions": ["colon_fence"],
