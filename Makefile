@@ -74,7 +74,7 @@ PRIVATE_NET = "$(PY)" -m chexnet_utils.platform.exposure private --
 # [tool.importlinter]) and mypy (the package's types: [tool.mypy]). None leaves a cache
 # folder behind.
 lint: setup
-	"$(PY)" -m ruff check --no-cache chexnet_utils tests conftest.py scripts tools
+	"$(PY)" -m ruff check --no-cache chexnet_utils tests conftest.py scripts
 	"$(patsubst %/python,%/lint-imports,$(PY))" --no-cache
 	"$(PY)" -m mypy
 

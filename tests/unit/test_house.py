@@ -71,20 +71,6 @@ LESSON_APIS: dict[str, tuple[str, ...]] = {
                             "set_hosts("),
 }
 
-PENDING_LESSONS: dict[str, str] = {
-}
-"""Notebooks whose lesson code has not moved into their cells yet (issue #24, open): their
-API check is a *strict* expected failure, so converting one makes the check pass and the
-strict xfail fail until the notebook's entry here is removed."""
-
-
-def _lesson_params() -> list:
-    return [pytest.param(nb, id=nb.stem, marks=pytest.mark.xfail(
-                strict=True,
-                reason=f"lesson code not yet in the notebook: {PENDING_LESSONS[nb.stem]}"))
-            if nb.stem in PENDING_LESSONS else pytest.param(nb, id=nb.stem) for nb in NOTEBOOKS]
-
-
 WIDTH_SPEC = re.compile(r"^(?:.?[<>=^])?[+\- ]?z?#?0?[1-9]")   # a format spec with a width
 
 
@@ -207,7 +193,7 @@ def test_notebook_lesson_cells_stay_readable(nb: Path):
     assert long_cells == {}, f"code cells over {MAX_CELL_LINES} lines (cell: lines)"
 
 
-@pytest.mark.parametrize("nb", _lesson_params())
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_code_cells_hold_the_apis_they_teach(nb: Path):
     """The APIs a notebook teaches are in its *code* cells (written, run, editable), not only
     named in its prose or hidden behind a helper."""
@@ -219,7 +205,6 @@ def test_notebook_code_cells_hold_the_apis_they_teach(nb: Path):
 
 def test_every_lesson_api_list_names_a_notebook():
     assert sorted(LESSON_APIS) == sorted(nb.stem for nb in NOTEBOOKS)
-    assert set(PENDING_LESSONS) <= set(LESSON_APIS)
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
