@@ -56,7 +56,7 @@ _session_ticks: list = [None]
 _notebook_ticks: dict[str, list] = {}  # notebook -> [ticks at its first cell, after its last]
 _cell_seconds: dict[str, dict[int, float]] = defaultdict(dict)  # notebook -> {code cell: s}
 ROOT = Path(__file__).resolve().parent
-_executed: list[ExecutedNotebooks] = []  # with CHEXNET_EXECUTED_DIR: what nbval ran, saved
+_executed: list[ExecutedNotebooks] = []  # with CHEXNET_SAVE_EXECUTED: what nbval ran, saved
 
 
 def _workers(config: pytest.Config) -> int:

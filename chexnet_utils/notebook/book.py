@@ -148,16 +148,23 @@ def where_it_stopped(nb: Any) -> str | None:
     return None
 
 
-def prepare_notebook(nb: Any, name: str, *, clean_name: str) -> None:
+def prepare_notebook(nb: Any, name: str, *, clean_name: str) -> list[str]:
     """Ready an executed notebook for its page: the "Measured on" box after the title cell
     (and a warning box when its run did not finish), progress bars as text, links to
-    repository files as downloads."""
+    repository files as downloads from :data:`REPO_FILES`; return those files' repository
+    paths (for the project to copy)."""
     import nbformat
 
     widgets_as_text(nb)
+    linked: list[str] = []
+
+    def to_download(m: re.Match[str]) -> str:
+        linked.append(m.group(1))
+        return f"]({REPO_FILES}/{m.group(1)})"
+
     for cell in nb.cells:
         if cell.cell_type == "markdown":
-            cell.source = _REPO_LINK.sub(lambda m: f"]({REPO_FILES}/{m.group(1)})", cell.source)
+            cell.source = _REPO_LINK.sub(to_download, cell.source)
     boxes = [
         ":::{admonition} Measured on\n:class: note\n"
         f"The outputs, numbers and figures on this page are from one run: "
@@ -176,6 +183,7 @@ def prepare_notebook(nb: Any, name: str, *, clean_name: str) -> None:
         title = 0
     for box in reversed(boxes):
         nb.cells.insert(title + 1, nbformat.v4.new_markdown_cell(box))
+    return linked
 
 
 def readme_opening(readme: Path) -> str:
@@ -276,23 +284,17 @@ def write_project(executed: Sequence[Path], src: Path, *, title: str,
 
     if src.exists():
         shutil.rmtree(src)
-    (src / REPO_FILES / "notebooks").mkdir(parents=True)
+    src.mkdir(parents=True)
     records, pages = [], []
     for path in executed:
         nb = nbformat.read(path, as_version=4)
         records.append(recorded_run(nb))
-        for cell in nb.cells:
-            if cell.cell_type == "markdown":
-                for m in _REPO_LINK.finditer(cell.source):
-                    target = root / m.group(1)
-                    if target.is_file():
-                        (src / REPO_FILES / m.group(1)).parent.mkdir(parents=True, exist_ok=True)
-                        shutil.copy2(target, src / REPO_FILES / m.group(1))
-        committed = root / "notebooks" / path.name
         clean_name = f"{REPO_FILES}/notebooks/{path.name}"
-        if committed.is_file():
-            shutil.copy2(committed, src / clean_name)
-        prepare_notebook(nb, path.name, clean_name=clean_name)
+        linked = prepare_notebook(nb, path.name, clean_name=clean_name)
+        for rel in [f"notebooks/{path.name}", *linked]:  # a missing one: Sphinx's -W says so
+            if (root / rel).is_file():
+                (src / REPO_FILES / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(root / rel, src / REPO_FILES / rel)
         nbformat.write(nb, src / path.name)
         pages.append(path.stem)
     write_text_atomic(src / "conf.py", conf_py(title, repo_url))

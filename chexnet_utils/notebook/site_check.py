@@ -79,12 +79,17 @@ def _target(site: Path, page: Path, url: str) -> tuple[Path, str] | None:
     return target, parts.fragment
 
 
+def site_pages(site: Path) -> list[Path]:
+    """The site's HTML pages, sorted (not the themes' templates in :data:`TEMPLATE_DIRS`)."""
+    return [p for p in sorted(site.rglob("*.html"))
+            if p.relative_to(site).parts[0] not in TEMPLATE_DIRS]
+
+
 def site_problems(site: Path) -> list[str]:
     """Every broken internal link or anchor, missing or empty resource and outside request of
     the HTML site in ``site`` (empty list: none), one line each naming the page."""
     site = site.resolve()
-    pages = {p.resolve(): _read(p) for p in sorted(site.rglob("*.html"))
-             if p.relative_to(site).parts[0] not in TEMPLATE_DIRS}
+    pages = {p.resolve(): _read(p) for p in site_pages(site)}
     problems = []
     for page, parsed in pages.items():
         name = page.relative_to(site)

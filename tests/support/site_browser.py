@@ -25,7 +25,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urldefrag, urljoin
 
-from chexnet_utils.notebook.site_check import TEMPLATE_DIRS
+from chexnet_utils.notebook.site_check import site_pages
 
 TIMEOUT_MS = 30_000
 
@@ -65,12 +65,6 @@ def serve(site: Path) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-def site_pages(site: Path) -> list[str]:
-    """The site's pages, relative to it (not the themes' templates in ``_static``)."""
-    return [p.relative_to(site).as_posix() for p in sorted(site.rglob("*.html"))
-            if p.relative_to(site).parts[0] not in TEMPLATE_DIRS]
-
-
 def browse_site(browser: object, base: str, site: Path, *, shots: Sequence[str] = (),
                 shot_dir: Path | None = None, search_word: str | None = None,
                 search_page: str | None = None) -> dict[str, object]:
@@ -90,7 +84,7 @@ def browse_site(browser: object, base: str, site: Path, *, shots: Sequence[str] 
     page.on("pageerror", lambda e: events.append(f"page error: {e}"))
     facts: dict[str, dict] = {}
     try:
-        for rel in site_pages(site):
+        for rel in (p.relative_to(site).as_posix() for p in site_pages(site)):
             events.clear()
             page.goto(urljoin(base, rel), wait_until="load")
             f = page.evaluate(_PAGE_FACTS)
