@@ -36,6 +36,7 @@ from chexnet_utils.platform.timing import (
     idle_fraction,
     pipeline_run,
 )
+from chexnet_utils.training.dataparallel import Recipe
 
 if TYPE_CHECKING:
     import keras
@@ -64,7 +65,7 @@ def probe_model(image_size: int, seed: int = 0) -> keras.Model:
         keras.layers.GlobalAveragePooling2D(),
         keras.layers.Dense(NUM_CLASSES, activation="sigmoid"),
     ], name="probe_cnn")
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="binary_crossentropy")
+    Recipe().compile(model, "binary_crossentropy", size=1)  # train()'s Adam, one worker
     return model
 
 

@@ -128,7 +128,7 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
     sw = resolve_switches(c.mixed_precision, c.xla, distributed=True)
     keras.utils.set_random_seed(c.seed)
     model = build_model(c.arch, c.image_size, mixed_precision=sw.mixed_precision)
-    prepare_data_parallel_model(model, jit_compile=sw.xla)
+    prepare_data_parallel_model(model, size, jit_compile=sw.xla)
     shuffle = {} if c.shuffle_buffer is None else {"shuffle_buffer": c.shuffle_buffer}
     assert c.tfrecords is not None, "a pipeline-fed timer needs cfg.tfrecords"
     ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,

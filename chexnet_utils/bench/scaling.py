@@ -37,6 +37,7 @@ from chexnet_utils.comm.collectives import barrier
 from chexnet_utils.input.pipelines import Pipeline
 from chexnet_utils.model.architectures import Architecture
 from chexnet_utils.platform.timing import barrier_windows, mean_std
+from chexnet_utils.training.dataparallel import Recipe
 
 if TYPE_CHECKING:
     from chexnet_utils.cluster.distributed import MPICluster
@@ -51,22 +52,25 @@ slower than the step has used up the decoded images it buffered before the clock
 old approach's ``prefetch(batch_size)`` holds ``batch_size`` whole batches.)"""
 
 
-def prepare_data_parallel_model(model: Any, jit_compile: bool = False) -> None:
-    """Compile ``model`` the way the scaling benchmarks time it (Adam 1e-3, weighted BCE
-    with flat weights), average its gradients with Horovod and broadcast rank 0's initial
-    state, as :func:`chexnet_utils.training.train` does with ``distributed=True``."""
-    import keras
+BENCH_RECIPE = Recipe(distributed=True)
+"""How the pipeline-fed benchmarks compile (here and :mod:`chexnet_utils.bench.gpu_node`): the
+recipe of a default ``TrainConfig(distributed=True)``, so they time the step ``train`` takes
+(``tests/tf/test_recipe.py``)."""
+
+
+def prepare_data_parallel_model(model: Any, size: int, jit_compile: bool = False) -> None:
+    """Compile ``model`` by :data:`BENCH_RECIPE` (train()'s defaults, distributed: Adam at the
+    learning rate for ``size`` workers, the same gradient averager), with the weighted BCE
+    (flat weights: they change no timing), and broadcast rank 0's initial state, as
+    :func:`chexnet_utils.training.train` does with ``distributed=True``."""
     import numpy as np
 
     from chexnet_utils.data.labels import NUM_CLASSES
     from chexnet_utils.model.models import WeightedBCE
-    from chexnet_utils.training.dataparallel import broadcast_initial_state, gradient_averager
+    from chexnet_utils.training.dataparallel import broadcast_initial_state
 
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  loss=WeightedBCE(np.full(NUM_CLASSES, 0.5), np.full(NUM_CLASSES, 0.5)),
-                  jit_compile=jit_compile)
-    model.gradient_reducer = gradient_averager(True)
-    model.optimizer.build(model.trainable_variables)
+    BENCH_RECIPE.compile(model, WeightedBCE(np.full(NUM_CLASSES, 0.5), np.full(NUM_CLASSES, 0.5)),
+                         size, jit_compile=jit_compile)
     broadcast_initial_state(model, True)
 
 
@@ -95,7 +99,7 @@ def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
 
     keras.utils.set_random_seed(c.seed)
     model = build_chexnet(c.arch, c.image_size)
-    prepare_data_parallel_model(model)
+    prepare_data_parallel_model(model, size)
     assert c.tfrecords is not None, "a pipeline-fed timer needs cfg.tfrecords"
     ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,
                         c.image_size, training=True, num_workers=size, worker_index=rank,

@@ -35,6 +35,7 @@ from chexnet_utils.input.tfdata_service import (
 from chexnet_utils.model.architectures import Architecture
 from chexnet_utils.platform.processes import set_parent_death_signal
 from chexnet_utils.platform.timing import RunMean, batch_len, block, ratio
+from chexnet_utils.training.dataparallel import Recipe
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -245,7 +246,7 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
 
     keras.utils.set_random_seed(seed)
     model = build_chexnet(arch, image_size)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="binary_crossentropy")
+    Recipe().compile(model, "binary_crossentropy", size=1)  # train()'s Adam, one worker
     step = train_step_fn(model)
     first = next(iter(pipeline()))
     batch = (first[0], first[1])

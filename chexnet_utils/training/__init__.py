@@ -7,7 +7,8 @@ names notebooks, the CLI and the tests use, re-exported from one module per conc
   :func:`train` (what one call does, step by step, and Horovod's six changes: its docstring)
   and :func:`train_on_engine` (the same on an ipyparallel MPI engine);
 - :mod:`~chexnet_utils.training.dataparallel`: the data-parallel seams (``init_world``,
-  ``gradient_averager``, ``broadcast_initial_state``, ``scaled_learning_rate``,
+  ``Recipe``, the one compile of train() and the benchmarks, ``gradient_averager``,
+  ``broadcast_initial_state``, ``scaled_learning_rate``,
   and from :mod:`~chexnet_utils.training.horovod_keras` ``weights_sha256``, the one weights
   fingerprint);
 - :mod:`~chexnet_utils.training.callbacks`: the Keras callbacks of a run (warm-up, metric
@@ -41,6 +42,7 @@ from chexnet_utils.training.checkpoints import (
 )
 from chexnet_utils.training.dataparallel import (
     LR_SCALINGS,
+    Recipe,
     broadcast_initial_state,
     gradient_averager,
     init_world,
@@ -53,7 +55,7 @@ from chexnet_utils.training.splits import predict_split, training_label_sums
 __all__ = [
     "BEST_NAME", "CHECKPOINT_DIR", "CSV_NAME", "LAST_NAME", "METRICS_NAME", "STATE_FORMAT",
     "STATE_NAME", "TENSORBOARD_DIR", "load_checkpoint", "read_csv_log",
-    "LR_SCALINGS", "broadcast_initial_state", "gradient_averager", "init_world",
+    "LR_SCALINGS", "Recipe", "broadcast_initial_state", "gradient_averager", "init_world",
     "scaled_learning_rate", "weights_sha256",
     "TrainConfig", "TrainResult", "train", "train_on_engine",
     "predict_split", "training_label_sums",

@@ -16,6 +16,14 @@ step that training takes. Which of the six Horovod changes each one is:
 * the fingerprint that proves the workers agree, equal on every rank of a healthy job, is
   :func:`chexnet_utils.training.horovod_keras.weights_sha256`.
 
+:class:`Recipe` puts changes 3 and 4 and the optimizer together: one worker's compile
+(Adam at the learning rate for the world size, the gradient averager, the optimizer built so
+that change 5 has its variables to broadcast). :func:`chexnet_utils.training.train` compiles
+with ``Recipe.of(cfg)``, the pipeline-fed benchmarks (:mod:`chexnet_utils.bench.scaling`,
+:mod:`chexnet_utils.bench.gpu_node`) with the recipe of a default
+:class:`~chexnet_utils.training.TrainConfig`, so "the benchmark times the step that
+training takes" holds by construction (``tests/tf/test_recipe.py`` compares the two).
+
 Horovod and TensorFlow are imported inside the functions: importing this module is cheap, and
 with ``distributed=False`` nothing of Horovod is touched.
 """
@@ -23,7 +31,8 @@ with ``distributed=False`` nothing of Horovod is touched.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
@@ -31,7 +40,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LR_SCALINGS",
+    "Allreduce",
     "LrScaling",
+    "Recipe",
     "allreduce_mean",
     "broadcast_initial_state",
     "gradient_averager",
@@ -104,6 +115,9 @@ def allreduce_mean(values: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, (float(v) for v in averaged.numpy()), strict=True))
 
 
+Allreduce = Literal["per_tensor", "grouped"]
+"""How the gradients are averaged (:func:`gradient_averager`)."""
+
 LrScaling = Literal["linear", "sqrt"]
 LR_SCALINGS: tuple[str, ...] = get_args(LrScaling)
 
@@ -129,3 +143,54 @@ def scaled_learning_rate(lr: float, size: int, scaling: str | None = "linear") -
         return lr * math.sqrt(size)
     raise ValueError(f"learning-rate scaling must be one of {', '.join(LR_SCALINGS)} or None, "
                      f"got {scaling!r}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How every worker of a data-parallel job compiles its model: Adam at the learning rate
+    for the world size (change 3), the gradient averager in ``train_step`` (change 4), the
+    optimizer built so that its variables exist for rank 0's broadcast (change 5). The
+    defaults are :class:`~chexnet_utils.training.TrainConfig`'s (it takes them from here)."""
+
+    learning_rate: float = 1e-3
+    """Adam's learning rate for one worker (CheXNet: 1e-3, Rajpurkar et al. 2017, section 2.2)."""
+    scale_lr: bool = True
+    """Distributed: raise it with the number of workers (``lr_scaling``)."""
+    lr_scaling: LrScaling = "linear"
+    """``"linear"`` or ``"sqrt"`` (:func:`scaled_learning_rate`)."""
+    allreduce: Allreduce = "per_tensor"
+    """``"per_tensor"`` or ``"grouped"`` (:func:`gradient_averager`)."""
+    distributed: bool = False
+    """One Horovod worker of many (else: one process, no averaging, no scaling)."""
+
+    @classmethod
+    def of(cls, cfg: Any) -> Recipe:
+        """The recipe of a config that has these fields (a ``TrainConfig``)."""
+        return cls(learning_rate=float(cfg.learning_rate), scale_lr=bool(cfg.scale_lr),
+                   lr_scaling=cfg.lr_scaling, allreduce=cfg.allreduce,
+                   distributed=bool(cfg.distributed))
+
+    def worker_learning_rate(self, size: int) -> float:
+        """The learning rate each of ``size`` workers steps with (after any warm-up)."""
+        scaling = self.lr_scaling if self.scale_lr and self.distributed else None
+        return scaled_learning_rate(self.learning_rate, size, scaling)
+
+    def optimizer(self, size: int) -> Any:
+        """A fresh ``keras.optimizers.Adam`` at :meth:`worker_learning_rate`."""
+        import keras
+
+        return keras.optimizers.Adam(self.worker_learning_rate(size))
+
+    def compile(self, model: keras.Model, loss: Any, size: int, *,
+                metrics: Sequence[Any] = (), jit_compile: bool = False) -> None:
+        """``model.compile`` with :meth:`optimizer`, then :meth:`attach`."""
+        model.compile(optimizer=self.optimizer(size), loss=loss, metrics=list(metrics),
+                      jit_compile=jit_compile)
+        self.attach(model)
+
+    def attach(self, model: keras.Model) -> None:
+        """The averaging and a built optimizer on a compiled model (one just compiled, or one
+        loaded from a checkpoint with its optimizer state)."""
+        model.gradient_reducer = gradient_averager(self.distributed, self.allreduce)
+        if not model.optimizer.built:  # (Keras' LossScaleOptimizer.build is not idempotent)
+            model.optimizer.build(model.trainable_variables)

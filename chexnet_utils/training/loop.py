@@ -110,8 +110,9 @@ from chexnet_utils.training.checkpoints import (
     write_json_atomic,
 )
 from chexnet_utils.training.dataparallel import (
+    Allreduce,
     LrScaling,
-    gradient_averager,
+    Recipe,
     init_world,
     scaled_learning_rate,
 )
@@ -127,9 +128,6 @@ from chexnet_utils.training.splits import (
 if TYPE_CHECKING:
     from chexnet_utils.model.accelerator import Switches
     from chexnet_utils.training.callbacks import EpochTimer
-
-Allreduce = Literal["per_tensor", "grouped"]
-"""How the gradients are averaged (:func:`gradient_averager`)."""
 
 PlateauMonitor = Literal["val_loss", "val_mean_auroc", "loss"]
 """What ``ReduceLROnPlateau`` watches."""
@@ -162,7 +160,7 @@ class TrainConfig:
     epochs: int = 10
     """Total epochs; on resume, training continues up to this number. (``small`` at 128 px
     on the 600-image CI data: test mean AUROC ~0.82 after 2 epochs, ~0.90 after 10.)"""
-    learning_rate: float = 1e-3
+    learning_rate: float = Recipe.learning_rate
     """Adam's initial learning rate (CheXNet: 1e-3), per worker before ``scale_lr``."""
     pipeline: Pipeline = "new"
     """Training input: ``"new"`` or ``"old"`` (:mod:`chexnet_utils.input.pipelines`). Validation
@@ -187,13 +185,13 @@ class TrainConfig:
     distributed: bool = False
     """Train as one Horovod worker of many (``hvd.init()`` etc.; see the module docstring).
     Every process of the job calls :func:`train` with the same config."""
-    scale_lr: bool = True
+    scale_lr: bool = Recipe.scale_lr
     """Distributed: raise the learning rate with the number of workers (``lr_scaling``)."""
-    lr_scaling: LrScaling = "linear"
+    lr_scaling: LrScaling = Recipe.lr_scaling
     """How, with ``scale_lr``: ``"linear"`` (``lr * N`` with warm-up: Horovod's examples and
     docs, Goyal et al. 2017) or ``"sqrt"`` (``lr * sqrt(N)``: Malladi et al. 2022, an
     option); see :func:`scaled_learning_rate`."""
-    allreduce: Allreduce = "per_tensor"
+    allreduce: Allreduce = Recipe.allreduce
     """Distributed: ``"per_tensor"`` (one allreduce per gradient, overlapping the backward
     pass) or ``"grouped"`` (one grouped allreduce after it); see :func:`gradient_averager`."""
     warmup_epochs: float = 1.0
@@ -348,11 +346,9 @@ def _resume_state(cfg: TrainConfig, say: Callable[[str], None]) -> dict[str, Any
 def _load_or_build(cfg: TrainConfig, state: dict[str, Any] | None, size: int,
                    switches: Switches, loss_fn: Any,
                    say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
-    """The model, compiled, with its gradient averager and built optimizer (so that its
-    variables exist before the broadcast), and the run's state: from the last checkpoint
-    (weights, optimizer state, learning rate) or fresh."""
-    import keras
-
+    """The model, compiled by the run's :class:`Recipe` (its gradient averager, its optimizer
+    built so that its variables exist before the broadcast), and the run's state: from the
+    last checkpoint (weights, optimizer state, learning rate) or fresh."""
     from chexnet_utils.model.accelerator import build_model, policy_scope
     from chexnet_utils.model.models import MeanAUROC
 
@@ -362,19 +358,15 @@ def _load_or_build(cfg: TrainConfig, state: dict[str, Any] | None, size: int,
         say(f"resumed from {Path(cfg.out_dir) / CHECKPOINT_DIR / LAST_NAME}: {state['epoch']} "
             f"epoch(s) done, optimizer step {int(model.optimizer.iterations.numpy())}, "
             f"learning rate {float(np.asarray(model.optimizer.learning_rate)):.3g}")
+        Recipe.of(cfg).attach(model)  # the loaded optimizer: its state, its learning rate
     else:
         model = build_model(cfg.arch, cfg.image_size, weights=cfg.weights,
                             mixed_precision=switches.mixed_precision)
-        lr = scaled_learning_rate(cfg.learning_rate, size,
-                                  cfg.lr_scaling if cfg.scale_lr and cfg.distributed else None)
-        model.compile(optimizer=keras.optimizers.Adam(lr), loss=loss_fn,
-                      metrics=[MeanAUROC()], jit_compile=switches.xla)
+        Recipe.of(cfg).compile(model, loss_fn, size, metrics=[MeanAUROC()],
+                               jit_compile=switches.xla)
         state = {"format": STATE_FORMAT, "arch": cfg.arch, "image_size": cfg.image_size,
                  "epoch": 0, "best_epoch": None, "best_score": None, "history": [],
                  "mixed_precision": switches.mixed_precision}
-    model.gradient_reducer = gradient_averager(cfg.distributed, cfg.allreduce)
-    if not model.optimizer.built:  # (Keras' LossScaleOptimizer.build is not idempotent)
-        model.optimizer.build(model.trainable_variables)  # variables exist before the broadcast
     return model, state
 
 
