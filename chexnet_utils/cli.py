@@ -75,13 +75,15 @@ PIPELINES_OPTIONS: dict[str, Option] = {
     "batch_size": Option("--batch-size", "images per batch", "N"),
     "n_batches": Option("--batches", "timed batches per run", "N"),
     "warmup_batches": Option("--warmup", "untimed batches before each run", "N"),
-    "repeats": Option("--repeats", "timed runs per pipeline, alternating old/new", "N"),
-    "shuffle_buffer": Option("--shuffle-buffer", "shuffle buffer of both pipelines", "N"),
+    "repeats": Option("--repeats", "timed runs per pipeline, alternating", "N"),
+    "shuffle_buffer": Option("--shuffle-buffer", "shuffle buffer of every pipeline", "N"),
     "ceiling_images": Option("--ceiling-images", "images for the single-core decode rate", "N"),
     "train_steps": Option("--train-steps", "timed training steps for the idle fractions", "N"),
     "emulate_accelerator_ms": Option(
         "--emulate-accelerator", "also feed an emulated accelerator taking MS per batch and "
-        "report accel_wait_fraction_old/_new (share of its time waiting for data)", "MS"),
+        "report accel_wait_fraction_<pipeline> (share of its time waiting for data)", "MS"),
+    "pipelines": Option("--pipelines", "comma list of the pipelines to time (default: every "
+                                       "registered one: old, new and any variant added)", "LIST"),
 }
 """``bench pipelines``' options: a parameter of
 :func:`~chexnet_utils.bench.benchmark.bench_pipelines` -> its flag and help (type, default

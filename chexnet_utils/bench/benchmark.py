@@ -34,7 +34,7 @@ What each measurement answers
     How many images does each of N workers decode, and how many does it keep? (exact
     counts, no timing: the shard-after-decode trap in numbers)
 :func:`bench_pipelines`
-    All of the above for the old and the new approach in one run (:class:`PipelinesResult`):
+    All of the above for every registered pipeline in one run (:class:`PipelinesResult`):
     the JSON behind ``python -m chexnet_utils bench pipelines``.
 
 On a CPU-only machine the "accelerator" is the same CPU cores: a training step and the input
@@ -49,7 +49,7 @@ burst of load from elsewhere hurts both alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,10 +81,10 @@ from chexnet_utils.hardware.devices import usable_cores
 from chexnet_utils.input.pipelines import (
     DEFAULT_CYCLE_LENGTH,
     DEFAULT_SHUFFLE_BUFFER,
-    new_approach,
-    old_approach,
+    PIPELINES,
+    build_pipeline,
 )
-from chexnet_utils.platform.timing import RunMean, first_batch, idle_fraction, mean_std, ratio
+from chexnet_utils.platform.timing import first_batch, idle_fraction, mean_std, ratio
 
 if TYPE_CHECKING:
     import keras
@@ -122,26 +122,26 @@ notebooks' ``benchmark.available_cores()``)."""
 
 @dataclass(frozen=True)
 class PipelinesResult:
-    """Old vs new approach on one split of TFRecords, one worker (:func:`bench_pipelines`).
+    """Input pipelines compared on one split of TFRecords, one worker (:func:`bench_pipelines`):
+    every measurement keyed by the pipeline's name (``"old"``, ``"new"`` and any registered
+    variant, :func:`chexnet_utils.input.pipelines.register_pipeline`).
 
-    Rates are images/s. ``as_dict()`` is the JSON of ``bench pipelines --json`` (fields and
-    derived figures, the keys of the former dict; the ``accel_wait_fraction_*`` keys only
-    with an emulated accelerator); ``str(result)`` the table.
+    Rates are images/s. ``as_dict()`` is the JSON of ``bench pipelines --json``: flat keys per
+    pipeline (``old_img_per_s``, ``train_new_img_per_s``, ``idle_fraction_old``, ...: the
+    former keys) and the derived figures (the ``accel_wait_fraction_*`` keys only with an
+    emulated accelerator); ``str(result)`` the table.
     """
 
-    old_img_per_s_runs: list[float]
-    """The old approach alone, nothing consuming its batches: images/s of each run."""
-    new_img_per_s_runs: list[float]
-    """The new approach alone, images/s of each run (alternating with the old one's)."""
+    img_per_s_runs: dict[str, list[float]]
+    """Pipeline -> images/s of each run alone, nothing consuming its batches (the runs of
+    the pipelines alternate)."""
     decode_img_per_s_single_core: float
     """One core's parse + decode + preprocess rate, images/s
     (:attr:`DecodeCeiling.img_per_s_single_core`)."""
     cores: int
     """Cores this process may use: the ceiling is the single-core rate times these."""
-    train_old_img_per_s: float
-    """Training steps of the probe model fed by the old approach, images/s."""
-    train_new_img_per_s: float
-    """The same fed by the new approach, images/s."""
+    train_img_per_s: dict[str, float]
+    """Pipeline -> images/s of the probe model's training steps fed by it."""
     train_synthetic_img_per_s: float
     """The same steps on one constant in-memory batch (the model's own speed), images/s."""
     probe_model: str
@@ -163,37 +163,40 @@ class PipelinesResult:
     warmup_batches: int
     """Untimed batches before each run (and training steps before the timed ones)."""
     shuffle_buffer: int
-    """Shuffle buffer of both pipelines, in elements (see ``DEFAULT_SHUFFLE_BUFFER``)."""
+    """Shuffle buffer of every pipeline, in elements (see ``DEFAULT_SHUFFLE_BUFFER``)."""
     ceiling_images: int
     """Records decoded in each pass of the ceiling (:attr:`DecodeCeiling.n_images`)."""
     train_steps: int
     """Timed training steps per pipeline."""
     seed: int | None
-    """Shuffling seed of both pipelines."""
+    """Shuffling seed of the pipelines."""
     new_cycle_length: int
     """Files the new approach reads at once (``DEFAULT_CYCLE_LENGTH``)."""
     tensorflow: str
     """TensorFlow version."""
-    accel_wait_fraction_old: float | None = None
-    """Share of an emulated accelerator's time spent waiting for the old approach
+    accel_wait_fraction: dict[str, float] | None = None
+    """Pipeline -> share of an emulated accelerator's time spent waiting for it
     (:func:`accel_wait_fraction`); ``None`` without ``emulate_accelerator_ms``."""
-    accel_wait_fraction_new: float | None = None
-    """The same for the new approach."""
     emulate_accelerator_ms: float | None = None
     """Milliseconds per batch of the emulated accelerator, or ``None`` (not emulated)."""
 
-    old_img_per_s = RunMean("old_img_per_s_runs", "Mean images/s of the old approach.")
-    new_img_per_s = RunMean("new_img_per_s_runs", "Mean images/s of the new approach.")
-
     @property
-    def old_img_per_s_std(self) -> float:
-        """Sample standard deviation of the old approach's runs, images/s (0 for one run)."""
-        return mean_std(self.old_img_per_s_runs)[1]
+    def pipelines(self) -> tuple[str, ...]:
+        """The pipelines measured, in the order they were timed."""
+        return tuple(self.img_per_s_runs)
 
-    @property
-    def new_img_per_s_std(self) -> float:
-        """Sample standard deviation of the new approach's runs, images/s (0 for one run)."""
-        return mean_std(self.new_img_per_s_runs)[1]
+    def img_per_s(self, name: str) -> float:
+        """Mean images/s of pipeline ``name`` alone."""
+        return mean_std(self.img_per_s_runs[name])[0]
+
+    def img_per_s_std(self, name: str) -> float:
+        """Sample standard deviation of its runs, images/s (0 for one run)."""
+        return mean_std(self.img_per_s_runs[name])[1]
+
+    def idle_fraction(self, name: str) -> float:
+        """``1 - train / train_synthetic`` in [0, 1]: the share of the step spent waiting
+        for pipeline ``name``."""
+        return idle_fraction(self.train_img_per_s[name], self.train_synthetic_img_per_s)
 
     @property
     def decode_ceiling_img_per_s(self) -> float:
@@ -203,34 +206,32 @@ class PipelinesResult:
     @property
     def new_over_old(self) -> float:
         """New / old images/s (NaN when the old rate is 0)."""
-        return ratio(self.new_img_per_s, self.old_img_per_s)
+        return ratio(self.img_per_s("new"), self.img_per_s("old"))
 
     @property
     def new_over_ceiling(self) -> float:
         """New images/s / the decode ceiling (NaN when the ceiling is 0)."""
-        return ratio(self.new_img_per_s, self.decode_ceiling_img_per_s)
-
-    @property
-    def idle_fraction_old(self) -> float:
-        """``1 - train_old / train_synthetic`` in [0, 1]: share of the step spent waiting for
-        the old approach."""
-        return idle_fraction(self.train_old_img_per_s, self.train_synthetic_img_per_s)
-
-    @property
-    def idle_fraction_new(self) -> float:
-        """The same for the new approach."""
-        return idle_fraction(self.train_new_img_per_s, self.train_synthetic_img_per_s)
+        return ratio(self.img_per_s("new"), self.decode_ceiling_img_per_s)
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields and the derived figures: the JSON of ``bench pipelines --json``."""
-        d = {**asdict(self), **{name: getattr(self, name) for name in (
-            "old_img_per_s", "old_img_per_s_std", "new_img_per_s", "new_img_per_s_std",
-            "decode_ceiling_img_per_s", "new_over_old", "new_over_ceiling",
-            "idle_fraction_old", "idle_fraction_new")}}
+        """The fields and the derived figures, flat: the JSON of ``bench pipelines --json``."""
+        keyed = ("img_per_s_runs", "train_img_per_s", "accel_wait_fraction")
+        d = {k: v for k, v in asdict(self).items() if k not in keyed}
+        for name in self.pipelines:
+            d.update({f"{name}_img_per_s_runs": self.img_per_s_runs[name],
+                      f"{name}_img_per_s": self.img_per_s(name),
+                      f"{name}_img_per_s_std": self.img_per_s_std(name),
+                      f"train_{name}_img_per_s": self.train_img_per_s[name],
+                      f"idle_fraction_{name}": self.idle_fraction(name)})
+            if self.accel_wait_fraction is not None:
+                d[f"accel_wait_fraction_{name}"] = self.accel_wait_fraction[name]
+        d["decode_ceiling_img_per_s"] = self.decode_ceiling_img_per_s
+        if "new" in self.pipelines:
+            d["new_over_ceiling"] = self.new_over_ceiling
+            if "old" in self.pipelines:
+                d["new_over_old"] = self.new_over_old
         if self.emulate_accelerator_ms is None:
-            for key in ("accel_wait_fraction_old", "accel_wait_fraction_new",
-                        "emulate_accelerator_ms"):
-                del d[key]
+            del d["emulate_accelerator_ms"]
         return d
 
     def __str__(self) -> str:
@@ -239,36 +240,28 @@ class PipelinesResult:
         def runs(values: list[float]) -> str:
             return ", ".join(f"{v:.1f}" for v in values)
 
-        return "\n".join([
-            f"{self.split} shards: {self.n_files} file(s) in {self.tfrecords_dir}; "
-            f"{self.image_size} px, batch {self.batch_size}, {self.cores} core(s)",
-            "",
-            f"{'':<26}{'images/s':>10}",
-            f"{'old approach':<26}{self.old_img_per_s:>10.1f} ± {self.old_img_per_s_std:.1f}"
-            f"   runs: {runs(self.old_img_per_s_runs)}",
-            f"{'new approach':<26}{self.new_img_per_s:>10.1f} ± {self.new_img_per_s_std:.1f}"
-            f"   runs: {runs(self.new_img_per_s_runs)}",
-            f"{'decode ceiling':<26}{self.decode_ceiling_img_per_s:>10.1f}"
-            f"   ({self.decode_img_per_s_single_core:.1f}/core x {self.cores})",
-            f"{'new / old':<26}{self.new_over_old:>10.2f}x",
-            f"{'new / ceiling':<26}{self.new_over_ceiling:>10.2f}",
-            "",
-            f"training ({self.probe_model}, {self.train_synthetic_img_per_s:.1f} images/s on a "
-            f"constant batch):",
-            f"{'  fed by old approach':<26}{self.train_old_img_per_s:>10.1f}"
-            f"   idle {self.idle_fraction_old:.0%}",
-            f"{'  fed by new approach':<26}{self.train_new_img_per_s:>10.1f}"
-            f"   idle {self.idle_fraction_new:.0%}",
-            *self._accelerator_lines(),
-        ])
-
-    def _accelerator_lines(self) -> list[str]:
-        """The emulated accelerator's share of time waiting for data, if one was fed."""
-        if self.accel_wait_fraction_old is None or self.accel_wait_fraction_new is None:
-            return []
-        return [f"emulated accelerator ({self.emulate_accelerator_ms:g} ms per batch) waiting "
-                f"for data: old {self.accel_wait_fraction_old:.1%}, "
-                f"new {self.accel_wait_fraction_new:.1%}"]
+        lines = [f"{self.split} shards: {self.n_files} file(s) in {self.tfrecords_dir}; "
+                 f"{self.image_size} px, batch {self.batch_size}, {self.cores} core(s)",
+                 "", f"{'':<26}{'images/s':>10}"]
+        lines += [f"{name + ' approach':<26}{self.img_per_s(name):>10.1f} ± "
+                  f"{self.img_per_s_std(name):.1f}   runs: {runs(self.img_per_s_runs[name])}"
+                  for name in self.pipelines]
+        lines.append(f"{'decode ceiling':<26}{self.decode_ceiling_img_per_s:>10.1f}"
+                     f"   ({self.decode_img_per_s_single_core:.1f}/core x {self.cores})")
+        if {"old", "new"} <= set(self.pipelines):
+            lines.append(f"{'new / old':<26}{self.new_over_old:>10.2f}x")
+        if "new" in self.pipelines:
+            lines.append(f"{'new / ceiling':<26}{self.new_over_ceiling:>10.2f}")
+        lines += ["", f"training ({self.probe_model}, {self.train_synthetic_img_per_s:.1f} "
+                      f"images/s on a constant batch):"]
+        lines += [f"{'  fed by ' + name + ' approach':<26}{self.train_img_per_s[name]:>10.1f}"
+                  f"   idle {self.idle_fraction(name):.0%}" for name in self.pipelines]
+        if self.accel_wait_fraction is not None:
+            waits = ", ".join(f"{name} {self.accel_wait_fraction[name]:.1%}"
+                              for name in self.pipelines)
+            lines.append(f"emulated accelerator ({self.emulate_accelerator_ms:g} ms per batch) "
+                         f"waiting for data: {waits}")
+        return "\n".join(lines)
 
 
 def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size: int = 16,
@@ -277,22 +270,24 @@ def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size
                     ceiling_images: int = 64, train_steps: int = 10, seed: int | None = 0,
                     model_fn: Callable[[int], keras.Model] | None = None,
                     log: Callable[[str], None] | None = None,
-                    emulate_accelerator_ms: float | None = None) -> PipelinesResult:
-    """Old vs new approach on one split of converted TFRecords, in one run.
+                    emulate_accelerator_ms: float | None = None,
+                    pipelines: Sequence[str] | None = None) -> PipelinesResult:
+    """The input pipelines (``pipelines``, default every registered one: old, new and any
+    variant added with :func:`~chexnet_utils.input.pipelines.register_pipeline`) on one split
+    of converted TFRecords, in one run.
 
-    Measures (training mode, one worker): the images/s of both pipelines with their runs
+    Measures (training mode, one worker): the images/s of each pipeline with their runs
     alternating (:func:`compare_pipelines`), the :func:`decode_ceiling`, and the idle
     fraction of a training step fed by each (:func:`time_training` against one
     constant-batch measurement of the model). ``model_fn(image_size)`` builds the compiled
     model for the idle fractions (default: a small probe CNN; CheXNet itself is far too slow
     on a CPU).
 
-    Returns a :class:`PipelinesResult` with ``old_img_per_s``, ``new_img_per_s`` (means),
-    ``*_std``, ``*_runs``, ``decode_ceiling_img_per_s``, ``decode_img_per_s_single_core``,
-    ``new_over_old``, ``new_over_ceiling``, ``idle_fraction_old``, ``idle_fraction_new``,
-    ``train_*_img_per_s``, ``cores``, and the parameters. With ``emulate_accelerator_ms``
-    also ``accel_wait_fraction_old`` / ``_new`` (:func:`accel_wait_fraction`, ``n_batches``
-    steps of an accelerator taking that many ms per batch; ``None`` without).
+    Returns a :class:`PipelinesResult`: per pipeline the runs' images/s, the fed training
+    rate and its idle fraction; ``decode_ceiling_img_per_s``, ``new_over_old``,
+    ``new_over_ceiling``, ``cores`` and the parameters. With ``emulate_accelerator_ms`` also
+    each pipeline's ``accel_wait_fraction`` (:func:`accel_wait_fraction`, ``n_batches`` steps
+    of an accelerator taking that many ms per batch; ``None`` without).
     """
     import tensorflow as tf
 
@@ -304,40 +299,40 @@ def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size
         raise ValueError(f"{tfrecords_dir}: no {split} shards (convert with `python -m "
                          f"chexnet_utils tfrecords` first)")
     common: dict[str, Any] = dict(training=True, shuffle_buffer=shuffle_buffer, seed=seed)
-    pipelines = {
-        "old": old_approach(files, batch_size, image_size, **common),
-        "new": new_approach(files, batch_size, image_size, **common),
-    }
-    say(f"timing the old and new pipelines ({repeats} alternating runs of {n_batches} "
+    names = list(PIPELINES if pipelines is None else pipelines)
+    if not names:
+        raise ValueError("pipelines: name at least one")
+    built = {name: build_pipeline(name, files, batch_size, image_size, **common)
+             for name in names}
+    say(f"timing the {', '.join(names)} pipelines ({repeats} alternating runs of {n_batches} "
         f"batches each)")
-    t = compare_pipelines(pipelines, n_batches, warmup_batches, repeats)
+    t = compare_pipelines(built, n_batches, warmup_batches, repeats)
     say("measuring the single-core decode rate")
     ceiling = decode_ceiling(files, image_size, n_images=ceiling_images)
     say("timing training steps fed by each pipeline")
     model = (model_fn or probe_model)(image_size)
     step = train_step_fn(model)
-    synth, _ = synthetic_rate(step, first_batch(pipelines["new"]), train_steps)
+    constant = first_batch(built.get("new", built[names[-1]]))  # any batch: its content is moot
+    synth, _ = synthetic_rate(step, constant, train_steps)
     train = {name: time_training(model, ds, train_steps, warmup=warmup_batches,
                                  synthetic_img_per_s=synth)
-             for name, ds in pipelines.items()}
+             for name, ds in built.items()}
 
-    accel: dict[str, float] = {}
+    accel: dict[str, float] | None = None
     if emulate_accelerator_ms is not None:
         say(f"feeding an emulated accelerator ({emulate_accelerator_ms:g} ms per batch)")
         accel = {name: accel_wait_fraction(ds, emulate_accelerator_ms, n_batches,
                                            warmup_batches)
-                 for name, ds in pipelines.items()}
+                 for name, ds in built.items()}
 
     return PipelinesResult(
-        old_img_per_s_runs=t["old"].images_per_s, new_img_per_s_runs=t["new"].images_per_s,
+        img_per_s_runs={name: t[name].images_per_s for name in names},
         decode_img_per_s_single_core=ceiling.img_per_s_single_core, cores=ceiling.cores,
-        train_old_img_per_s=train["old"].real_img_per_s,
-        train_new_img_per_s=train["new"].real_img_per_s, train_synthetic_img_per_s=synth,
-        probe_model=model.name,
+        train_img_per_s={name: train[name].real_img_per_s for name in names},
+        train_synthetic_img_per_s=synth, probe_model=model.name,
         tfrecords_dir=str(tfrecords_dir), split=split, n_files=len(files),
         image_size=image_size, batch_size=batch_size, n_batches=n_batches, repeats=repeats,
         warmup_batches=warmup_batches, shuffle_buffer=shuffle_buffer,
         ceiling_images=ceiling.n_images, train_steps=train_steps, seed=seed,
         new_cycle_length=DEFAULT_CYCLE_LENGTH, tensorflow=tf.__version__,
-        accel_wait_fraction_old=accel.get("old"), accel_wait_fraction_new=accel.get("new"),
-        emulate_accelerator_ms=emulate_accelerator_ms)
+        accel_wait_fraction=accel, emulate_accelerator_ms=emulate_accelerator_ms)

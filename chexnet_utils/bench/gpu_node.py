@@ -120,7 +120,7 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
     import keras
 
     from chexnet_utils.data.tfrecords import list_shards
-    from chexnet_utils.input.pipelines import accelerator_device, build_pipeline, to_accelerator
+    from chexnet_utils.input.pipelines import build_pipeline, training_feed
     from chexnet_utils.model.accelerator import build_model, resolve_switches
     from chexnet_utils.training.dataparallel import init_world
 
@@ -134,9 +134,7 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
     ds = build_pipeline(c.pipeline, list_shards(c.tfrecords, "train"), c.batch_size,
                         c.image_size, training=True, num_workers=size, worker_index=rank,
                         seed=c.seed, **shuffle)
-    if c.pipeline == "new":
-        ds = to_accelerator(ds, accelerator_device(sw.device_feed))
-    it = iter(ds)
+    it = iter(training_feed(c.pipeline, ds, sw.device_feed))  # as train() feeds it
     import horovod.tensorflow as hvd
 
     seconds, wall0 = barrier_windows(lambda: model.train_on_batch(*next(it)),

@@ -57,8 +57,9 @@ here:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from os import PathLike
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 from chexnet_utils.data.labels import NUM_CLASSES
 from chexnet_utils.platform.checks import require_at_least
@@ -74,6 +75,7 @@ __all__ = [
     "IMAGENET_STD",
     "PIPELINES",
     "Pipeline",
+    "PipelineSpec",
     "build_pipeline",
     "decode_resize",
     "new_approach",
@@ -81,12 +83,14 @@ __all__ = [
     "old_approach",
     "preprocess",
     "preprocess_batch",
+    "register_pipeline",
+    "training_feed",
 ]
 
 Pipeline = Literal["new", "old"]
-"""The input pipeline by name: the new or the old ``tf.data`` approach (:func:`build_pipeline`;
-``TrainConfig.pipeline``, the benchmarks' ``pipeline(s)``)."""
-PIPELINES: tuple[str, ...] = get_args(Pipeline)
+"""The built-in input pipelines by name: the new or the old ``tf.data`` approach
+(``TrainConfig.pipeline``, the engine timers' ``pipeline``). :data:`PIPELINES` holds these and
+any registered later (:func:`register_pipeline`), which ``bench pipelines`` times too."""
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 """Per-channel (R, G, B) mean of ImageNet in [0, 1]; CheXNet starts from ImageNet weights, so
@@ -399,15 +403,56 @@ def new_approach(files: Files, batch_size: int, image_size: int, training: bool 
     return ds.prefetch(tf.data.AUTOTUNE)                                    # 10.
 
 
-def build_pipeline(approach: Pipeline, files: Files, batch_size: int, image_size: int,
+@dataclass(frozen=True)
+class PipelineSpec:
+    """One input pipeline of the registry: its builder and what goes to the GPU."""
+
+    name: str
+    build: Callable[..., tf.data.Dataset]
+    """``build(files, batch_size, image_size, training=..., seed=..., shuffle_buffer=...,
+    num_workers=..., worker_index=..., ...)``, the arguments of :func:`new_approach`."""
+    device_feed: bool = False
+    """Training ends it with :func:`to_accelerator` when the device feed is on (batches
+    copied to the GPU ahead of time); ``False``: batches stay in host memory."""
+
+
+PIPELINES: dict[str, PipelineSpec] = {}
+"""Every input pipeline by name, in registration order: ``"old"`` and ``"new"``, then any
+added with :func:`register_pipeline` (``bench pipelines`` times each)."""
+
+
+def register_pipeline(name: str, build: Callable[..., tf.data.Dataset], *,
+                      device_feed: bool = False) -> PipelineSpec:
+    """Add an input pipeline variant (one module that calls this is all a variant needs):
+    ``bench pipelines`` times it beside the others and reports it under ``name``."""
+    if not name or name in PIPELINES:
+        raise ValueError(f"pipeline name {name!r} is empty or taken ({', '.join(PIPELINES)})")
+    PIPELINES[name] = spec = PipelineSpec(name, build, device_feed)
+    return spec
+
+
+def pipeline_spec(name: str) -> PipelineSpec:
+    """The registered pipeline ``name`` (``ValueError`` naming the registered ones)."""
+    try:
+        return PIPELINES[name]
+    except KeyError:
+        raise ValueError(f"pipeline must be one of {', '.join(map(repr, PIPELINES))}, "
+                         f"got {name!r}") from None
+
+
+def build_pipeline(approach: str, files: Files, batch_size: int, image_size: int,
                    **kwargs: Any) -> tf.data.Dataset:
-    """``"old"`` -> :func:`old_approach`, ``"new"`` -> :func:`new_approach` (the CLI's
-    ``--pipeline``); ``kwargs`` go to the builder."""
-    if approach == "old":
-        return old_approach(files, batch_size, image_size, **kwargs)
-    if approach == "new":
-        return new_approach(files, batch_size, image_size, **kwargs)
-    raise ValueError(f"approach must be 'old' or 'new', got {approach!r}")
+    """The registered pipeline ``approach`` (``"old"``: :func:`old_approach`, ``"new"``:
+    :func:`new_approach`, the CLI's ``--pipeline``); ``kwargs`` go to its builder."""
+    return pipeline_spec(approach).build(files, batch_size, image_size, **kwargs)
+
+
+def training_feed(approach: str, ds: tf.data.Dataset, device_feed: bool) -> tf.data.Dataset:
+    """``ds`` as training takes it: pipelines registered with ``device_feed`` (the new one)
+    end in :func:`to_accelerator` when the feed is on; the others are left as they are."""
+    if not pipeline_spec(approach).device_feed:
+        return ds
+    return to_accelerator(ds, accelerator_device(device_feed))
 
 
 # --------------------------------------------------------------------------------------------
@@ -446,3 +491,7 @@ def to_accelerator(ds: tf.data.Dataset, device: str | None,
     import tensorflow as tf
 
     return ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size))
+
+
+register_pipeline("old", old_approach)
+register_pipeline("new", new_approach, device_feed=True)

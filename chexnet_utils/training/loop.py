@@ -374,14 +374,12 @@ def _training_input(cfg: TrainConfig, files: list[Path], rank: int, size: int,
                     initial_epoch: int, device_feed: bool) -> Any:
     """This worker's shards of the train split through the configured pipeline (the new one
     ending in the device feed when it is on)."""
-    from chexnet_utils.input.pipelines import accelerator_device, build_pipeline, to_accelerator
+    from chexnet_utils.input.pipelines import build_pipeline, training_feed
 
     ds = build_pipeline(cfg.pipeline, files, cfg.batch_size, cfg.image_size, training=True,
                         num_workers=size, worker_index=rank, seed=cfg.seed + initial_epoch,
                         shuffle_buffer=cfg.shuffle_buffer, antialias=cfg.antialias)
-    if cfg.pipeline == "new":  # on a GPU: batches copied to it ahead of time
-        ds = to_accelerator(ds, accelerator_device(device_feed))
-    return ds
+    return training_feed(cfg.pipeline, ds, device_feed)  # new: to the GPU ahead of time
 
 
 def _callbacks(cfg: TrainConfig, splits: _Splits, state: dict[str, Any], loss_fn: Any,

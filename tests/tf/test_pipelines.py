@@ -7,7 +7,9 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -212,7 +214,7 @@ def test_argument_checks(files: list[Path]) -> None:
         P.new_approach([], 4, S)
     with pytest.raises(ValueError, match="worker_index"):
         P.old_approach(files, 4, S, num_workers=2, worker_index=2)
-    with pytest.raises(ValueError, match="approach"):
+    with pytest.raises(ValueError, match="pipeline must be one of .old., .new."):
         P.build_pipeline("newest", files, 4, S)
 
 
@@ -376,14 +378,61 @@ def test_bench_pipelines_with_an_emulated_accelerator(tfr_dir: Path) -> None:
                           warmup_batches=1, shuffle_buffer=8, ceiling_images=8, train_steps=2,
                           emulate_accelerator_ms=1.0)
     assert isinstance(r, B.PipelinesResult) and r.emulate_accelerator_ms == 1.0
-    assert r.accel_wait_fraction_old is not None and r.accel_wait_fraction_new is not None
-    assert 0 <= r.accel_wait_fraction_old <= 1 and 0 <= r.accel_wait_fraction_new <= 1
-    assert len(r.old_img_per_s_runs) == 1 and r.old_img_per_s == r.old_img_per_s_runs[0]
+    assert r.accel_wait_fraction is not None and set(r.accel_wait_fraction) == {"old", "new"}
+    assert all(0 <= v <= 1 for v in r.accel_wait_fraction.values())
+    assert len(r.img_per_s_runs["old"]) == 1 and r.img_per_s("old") == r.img_per_s_runs["old"][0]
     assert r.decode_ceiling_img_per_s == pytest.approx(r.decode_img_per_s_single_core * r.cores)
     assert r.ceiling_images == 8 and r.n_files == N_SHARDS and r.probe_model == "probe_cnn"
     assert {"accel_wait_fraction_old", "accel_wait_fraction_new",
             "emulate_accelerator_ms"} <= set(r.as_dict())
     assert "decode ceiling" in str(r)
+
+
+@pytest.fixture
+def new_plus_cache() -> Iterator[str]:
+    """A third pipeline variant, registered as a new one would be (a module calling
+    ``register_pipeline``), removed afterwards: the new approach with the decoded images
+    cached in memory after the first pass (training mode needs the cache before the
+    augmentation, so this variant caches batches: a stand-in, not advice)."""
+    name = "new+cache"
+
+    def build(files: Any, batch_size: int, image_size: int, **kwargs: Any) -> Any:
+        return P.new_approach(files, batch_size, image_size, **kwargs).cache()
+
+    P.register_pipeline(name, build)
+    try:
+        yield name
+    finally:
+        del P.PIPELINES[name]
+
+
+def test_a_registered_variant_is_benchmarked_by_bench_pipelines(
+        tfr_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        new_plus_cache: str) -> None:
+    """Issue 50's acceptance: a variant added in one place (the fixture) appears in
+    ``bench pipelines``' table and JSON, next to the old and the new approach."""
+    out = tmp_path / "bench.json"
+    assert main(["bench", "pipelines", "--tfrecords", str(tfr_dir), "--json", str(out),
+                 "--image-size", str(S), "--batch-size", "4", "--batches", "2", "--repeats",
+                 "1", "--warmup", "1", "--shuffle-buffer", "8", "--ceiling-images", "8",
+                 "--train-steps", "2"]) == 0
+    result = json.loads(out.read_text())
+    for key in ("img_per_s", "img_per_s_std", "img_per_s_runs"):
+        assert f"{new_plus_cache}_{key}" in result, key
+    assert result[f"{new_plus_cache}_img_per_s"] > 0
+    assert 0 <= result[f"idle_fraction_{new_plus_cache}"] <= 1
+    assert result[f"train_{new_plus_cache}_img_per_s"] > 0
+    text = capsys.readouterr().out
+    assert f"{new_plus_cache} approach" in text and f"fed by {new_plus_cache}" in text
+    assert "new / old" in text  # the two built-ins still compared
+    with pytest.raises(ValueError, match="taken"):
+        P.register_pipeline(new_plus_cache, P.new_approach)
+    with pytest.raises(ValueError, match="'new\\+cache'"):
+        P.build_pipeline("fast", [], 4, S)  # the error names every registered pipeline
+    only = B.bench_pipelines(tfr_dir, image_size=S, batch_size=4, n_batches=1, repeats=1,
+                             warmup_batches=1, shuffle_buffer=8, ceiling_images=8,
+                             train_steps=1, pipelines=[new_plus_cache])
+    assert only.pipelines == (new_plus_cache,) and "new / old" not in str(only)
 
 
 def test_cli_bench_pipelines_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -194,26 +194,34 @@ def pipelines_result(**overrides: Any) -> PipelinesResult:
     """Old 105 +- 5, new 310 +- 10 images/s; 90 images/s per core x 2 cores; training 200
     images/s on a constant batch, 80 fed by the old, 190 by the new approach."""
     fields: dict[str, Any] = dict(
-        old_img_per_s_runs=[100.0, 110.0, 105.0], new_img_per_s_runs=[300.0, 320.0, 310.0],
-        decode_img_per_s_single_core=90.0, cores=2, train_old_img_per_s=80.0,
-        train_new_img_per_s=190.0, train_synthetic_img_per_s=200.0, probe_model="probe_cnn",
+        img_per_s_runs={"old": [100.0, 110.0, 105.0], "new": [300.0, 320.0, 310.0]},
+        decode_img_per_s_single_core=90.0, cores=2,
+        train_img_per_s={"old": 80.0, "new": 190.0}, train_synthetic_img_per_s=200.0,
+        probe_model="probe_cnn",
         tfrecords_dir="/data/tfr", split="train", n_files=4, image_size=224, batch_size=16,
         n_batches=20, repeats=3, warmup_batches=2, shuffle_buffer=256, ceiling_images=64,
         train_steps=10, seed=0, new_cycle_length=4, tensorflow="2.21.0")
     return PipelinesResult(**{**fields, **overrides})
 
 
+ACCEL = dict(accel_wait_fraction={"old": 0.6, "new": 0.05}, emulate_accelerator_ms=100.0)
+
+
 def test_pipelines_result_derived_figures():
     r = pipelines_result()
-    assert (r.old_img_per_s, r.new_img_per_s) == (105.0, 310.0)
-    assert (r.old_img_per_s_std, r.new_img_per_s_std) == (5.0, 10.0)
+    assert r.pipelines == ("old", "new")
+    assert (r.img_per_s("old"), r.img_per_s("new")) == (105.0, 310.0)
+    assert (r.img_per_s_std("old"), r.img_per_s_std("new")) == (5.0, 10.0)
     assert r.decode_ceiling_img_per_s == 180.0
     assert r.new_over_old == pytest.approx(310 / 105)
     assert r.new_over_ceiling == pytest.approx(310 / 180)
-    assert r.idle_fraction_old == pytest.approx(0.6) and r.idle_fraction_new == pytest.approx(0.05)
-    assert pipelines_result(train_new_img_per_s=250.0).idle_fraction_new == 0.0  # clipped
-    assert r.accel_wait_fraction_old is None and r.emulate_accelerator_ms is None
-    assert math.isnan(pipelines_result(old_img_per_s_runs=[0.0]).new_over_old)
+    assert r.idle_fraction("old") == pytest.approx(0.6)
+    assert r.idle_fraction("new") == pytest.approx(0.05)
+    clipped = pipelines_result(train_img_per_s={"old": 80.0, "new": 250.0})
+    assert clipped.idle_fraction("new") == 0.0
+    assert r.accel_wait_fraction is None and r.emulate_accelerator_ms is None
+    assert math.isnan(pipelines_result(
+        img_per_s_runs={"old": [0.0], "new": [300.0]}).new_over_old)
 
 
 def test_pipelines_result_table():
@@ -231,8 +239,7 @@ def test_pipelines_result_table():
         "  fed by old approach           80.0   idle 60%",
         "  fed by new approach          190.0   idle 5%",
     ]
-    accel = pipelines_result(accel_wait_fraction_old=0.6, accel_wait_fraction_new=0.05,
-                             emulate_accelerator_ms=100.0)
+    accel = pipelines_result(**ACCEL)
     assert str(accel).splitlines()[-1] == ("emulated accelerator (100 ms per batch) waiting "
                                            "for data: old 60.0%, new 5.0%")
 
@@ -244,13 +251,12 @@ def test_pipelines_result_json_has_the_former_keys_and_numbers():
     assert d["old_img_per_s"] == 105.0 and d["new_img_per_s_std"] == 10.0
     assert d["decode_ceiling_img_per_s"] == 180.0 and d["idle_fraction_old"] == pytest.approx(0.6)
     assert d["new_img_per_s_runs"] == [300.0, 320.0, 310.0] and d["seed"] == 0
-    accel = pipelines_result(accel_wait_fraction_old=0.6, accel_wait_fraction_new=0.05,
-                             emulate_accelerator_ms=100.0)
-    d = round_trip(accel)
+    d = round_trip(pipelines_result(**ACCEL))
     assert set(d) == PIPELINES_KEYS | ACCEL_KEYS
     assert (d["accel_wait_fraction_old"], d["accel_wait_fraction_new"],
             d["emulate_accelerator_ms"]) == (0.6, 0.05, 100.0)
-    assert round_trip(pipelines_result(old_img_per_s_runs=[0.0]))["new_over_old"] is None
+    zero = pipelines_result(img_per_s_runs={"old": [0.0], "new": [300.0]})
+    assert round_trip(zero)["new_over_old"] is None
 
 
 @pytest.mark.parametrize("accel_ms", [None, 100.0])
@@ -267,7 +273,7 @@ def test_cli_bench_pipelines_prints_the_table_and_the_accelerators_wait(
         seen.update(kwargs)
         if kwargs.get("emulate_accelerator_ms") is None:  # left out: the default, None
             return pipelines_result()
-        return pipelines_result(accel_wait_fraction_old=0.6, accel_wait_fraction_new=0.05,
+        return pipelines_result(accel_wait_fraction={"old": 0.6, "new": 0.05},
                                 emulate_accelerator_ms=kwargs["emulate_accelerator_ms"])
 
     monkeypatch.setattr(benchmark, "bench_pipelines", fake)
