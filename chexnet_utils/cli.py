@@ -36,9 +36,6 @@ from pathlib import Path
 from chexnet_utils.platform.options import (
     Option,
     add_config_options,
-    default_of,
-    option_values,
-    shown_default,
 )
 from chexnet_utils.training import TrainConfig
 
@@ -67,92 +64,6 @@ TRAIN_OPTIONS: dict[str, Option] = {
 """The ``train`` command's options: a :class:`~chexnet_utils.training.TrainConfig` field ->
 its flag and help. Type, default and choices come from the field (see
 :func:`add_config_options`); ``--quiet`` (``verbose=0``) is the one option added by hand."""
-
-PIPELINES_OPTIONS: dict[str, Option] = {
-    "tfrecords_dir": Option("--tfrecords", "converted folder", "DIR"),
-    "split": Option("--split", "which shards to read"),
-    "image_size": Option("--image-size", "model input side", "PX"),
-    "batch_size": Option("--batch-size", "images per batch", "N"),
-    "n_batches": Option("--batches", "timed batches per run", "N"),
-    "warmup_batches": Option("--warmup", "untimed batches before each run", "N"),
-    "repeats": Option("--repeats", "timed runs per pipeline, alternating", "N"),
-    "shuffle_buffer": Option("--shuffle-buffer", "shuffle buffer of every pipeline", "N"),
-    "ceiling_images": Option("--ceiling-images", "images for the single-core decode rate", "N"),
-    "train_steps": Option("--train-steps", "timed training steps for the idle fractions", "N"),
-    "emulate_accelerator_ms": Option(
-        "--emulate-accelerator", "also feed an emulated accelerator taking MS per batch and "
-        "report accel_wait_fraction_<pipeline> (share of its time waiting for data)", "MS"),
-    "pipelines": Option("--pipelines", "comma list of the pipelines to time (default: every "
-                                       "registered one: old, new and any variant added)", "LIST"),
-}
-"""``bench pipelines``' options: a parameter of
-:func:`~chexnet_utils.bench.benchmark.bench_pipelines` -> its flag and help (type, default
-and choices from the parameter, see :func:`add_config_options`); ``--json`` by hand."""
-
-SERVICE_OPTIONS: dict[str, Option] = {
-    "split": Option("--split", "which shards to read"),
-    "batch_size": Option("--batch-size", "images per batch", "N"),
-    "n_steps": Option("--steps", "timed steps per run", "N"),
-    "warmup": Option("--warmup", "untimed steps before each run", "N"),
-    "repeats": Option("--repeats", "alternating local/service runs", "N"),
-    "processing_mode": Option("--mode", "processing mode of the service"),
-}
-"""``bench service``'s options from :func:`~chexnet_utils.bench.service.bench_service`'s
-parameters; ``--tfrecords`` (made if missing), ``--image-size`` (the scale preset's) and
-``--json`` by hand."""
-
-SCALING_OPTIONS: dict[str, Option] = {
-    "workers": Option("--workers", "comma list of worker counts", "LIST"),
-    "pipelines": Option("--pipelines", "comma list of the pipelines to time: old, new", "LIST"),
-    "arch": Option("--arch", "the model each worker trains"),
-    "image_size": Option("--image-size", "model input side", "PX"),
-    "batch_size": Option("--batch-size", "images per batch per worker", "N"),
-    "steps": Option("--steps", "timed steps per run", "N"),
-    "warmup_steps": Option("--warmup", "untimed steps before each run (enough for the old "
-                                       "pipeline's prefetched batches to run out)", "N"),
-    "repeats": Option("--repeats", "runs per setting", "N"),
-    "bind_to": Option("--bind-to", "mpiexec --bind-to (none = unbound)"),
-    "map_by": Option("--map-by", "mpiexec --map-by, e.g. socket"),
-    "accelerator_ms": Option("--emulate-accelerator", "also time an emulated accelerator taking "
-                                                      "MS per step (the CPU only feeds it), "
-                                                      "e.g. 20", "MS"),
-}
-"""``bench scaling``'s options from :func:`~chexnet_utils.bench.scaling.bench_scaling`'s
-parameters; ``--tfrecords`` (made if missing), ``--env`` (``KEY=VALUE``, repeatable) and
-``--json`` by hand."""
-
-GPU_NODE_OPTIONS: dict[str, Option] = {
-    "gpus": Option("--gpus", "comma list of GPU counts, with 1 (default: 1,2,3,4,8 up to the "
-                             "visible GPUs, and their number)", "LIST"),
-    "arch": Option("--arch", "the model"),
-    "image_size": Option("--image-size", "model input side", "PX"),
-    "batch_size": Option("--batch-size", "per GPU (default: the gpu-node scale's)", "N"),
-    "steps": Option("--steps", "timed steps per GPU count", "N"),
-    "warmup_steps": Option("--warmup", "untimed steps first", "N"),
-    "pipeline": Option("--pipeline", "the input pipeline"),
-}
-"""``bench gpu-node``'s options from :func:`~chexnet_utils.bench.gpu_node.bench_gpu_node`'s
-parameters; ``--tfrecords``, ``--mixed-precision`` and ``--xla`` (auto, on, off) and ``--json``
-by hand."""
-
-LINK_OPTIONS: dict[str, Option] = {
-    "launchers": Option("--launchers", "comma list of mpirun, mpirun-rd, gloo (default: the "
-                                       "preset's)", "LIST"),
-}
-"""``bench link``'s option from :func:`~chexnet_utils.bench.link.bench_link`'s parameter;
-``--quick`` (the preset), ``--rate-gbit`` (its default from ``rate_bit``), ``--no-hierarchical``
-and ``--json`` by hand."""
-
-CONVERSION_OPTIONS: dict[str, Option] = {
-    "data_dir": Option("--data-dir", "NIH-layout folder", "DIR"),
-    "workers": Option("--workers", "comma list of worker counts (default: 1 and all cores)",
-                      "LIST"),
-    "repeats": Option("--repeats", "runs per setting", "N"),
-    "shard_size": Option("--shard-size", "images per shard", "N"),
-}
-"""``bench conversion``'s options: a parameter of
-:func:`~chexnet_utils.data.tfrecords.bench_conversion` -> its flag and help (type and
-default from the parameter); ``--image-sizes``, ``--no-progress`` and ``--json`` by hand."""
 
 TRAIN_REQUIRED = ("arch", "epochs")
 """Fields the command asks for although ``TrainConfig`` has defaults: a training run says
@@ -252,39 +163,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _cmd_bench_pipelines(args: argparse.Namespace) -> int:
-    from chexnet_utils.bench.benchmark import bench_pipelines
-
-    result = bench_pipelines(log=_progress, **option_values(args, PIPELINES_OPTIONS))
-    print(result)
-    _write_json(args.json, result)
-    return 0
-
-
-def _cmd_bench_service(args: argparse.Namespace) -> int:
-    from chexnet_utils.bench.service import bench_service
-    from chexnet_utils.config import scale
-
-    result = bench_service(_full_size_tfrecords(args.tfrecords),
-                           image_size=args.image_size or scale().image_size, log=_progress,
-                           **option_values(args, SERVICE_OPTIONS))
-    print(result)
-    _write_json(args.json, result)
-    return 0
-
-
 def _progress(msg: str) -> None:
     """A benchmark's progress line (``log=``): on stderr, so stdout keeps only the table."""
     print(f"... {msg}", file=sys.stderr, flush=True)
-
-
-def _full_size_tfrecords(path: Path | None) -> Path:
-    """``--tfrecords``, or the full-size shards of the scale's data set (made if missing)."""
-    if path is not None:
-        return path
-    from chexnet_utils.data.prepare import prepare_tfrecords
-
-    return prepare_tfrecords(image_size=None, progress=False)
 
 
 def _write_json(path: Path | None, result: object) -> None:
@@ -298,18 +179,6 @@ def _write_json(path: Path | None, result: object) -> None:
         print(f"wrote {path}")
 
 
-def _cmd_bench_conversion(args: argparse.Namespace) -> int:
-    from chexnet_utils.config import work_dir
-    from chexnet_utils.data.tfrecords import bench_conversion
-
-    result = bench_conversion(work_dir=work_dir(), image_sizes=args.image_sizes,
-                              progress=not args.no_progress,
-                              **option_values(args, CONVERSION_OPTIONS))
-    print(result)
-    _write_json(args.json, result)
-    return 0
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
     from chexnet_utils.training import train
 
@@ -320,63 +189,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0  # under Horovod only rank 0 reports
     print(f"mean AUROC {result.mean_auroc:.4f} (test, best epoch {result.best_epoch} of "
           f"{result.epochs}); {result.img_per_s:.1f} img/s; metrics: {result.metrics_path}")
-    return 0
-
-
-def _env_pairs(pairs: list[str]) -> dict[str, str]:
-    """``["KEY=VALUE", ...]`` -> dict; a clear error for anything else."""
-    env: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key or not key.replace("_", "").isalnum():
-            raise SystemExit(f"--env expects KEY=VALUE, got {pair!r}")
-        env[key] = value
-    return env
-
-
-def _cmd_bench_scaling(args: argparse.Namespace) -> int:
-    from chexnet_utils.bench.scaling import bench_scaling
-
-    result = bench_scaling(_full_size_tfrecords(args.tfrecords), env=_env_pairs(args.env),
-                           log=_progress, **option_values(args, SCALING_OPTIONS))
-    print(result)
-    _write_json(args.json, result)
-    return 0
-
-
-def _cmd_bench_gpu_node(args: argparse.Namespace) -> int:
-    from chexnet_utils.bench.gpu_node import bench_gpu_node, no_gpu_message
-    from chexnet_utils.hardware import devices
-    from chexnet_utils.model.accelerator import parse_switch
-
-    visible = devices.visible_gpus()
-    plan = devices.worker_plan(max(1, len(visible)), gpus=len(visible))
-    if plan.device != "GPU":
-        print(no_gpu_message(), file=sys.stderr)
-        return 3
-    result = bench_gpu_node(
-        _full_size_tfrecords(args.tfrecords),
-        mixed_precision=parse_switch(args.mixed_precision, "--mixed-precision"),
-        xla=parse_switch(args.xla, "--xla"), visible=visible, log=_progress,
-        **option_values(args, GPU_NODE_OPTIONS))
-    print(result)
-    _write_json(args.json, result)
-    return 0
-
-
-def _cmd_bench_link(args: argparse.Namespace) -> int:
-    from chexnet_utils.bench.link import bench_link, link_unavailable
-
-    reason = link_unavailable()
-    if reason:
-        print(f"bench link: cannot build two network namespaces here: {reason}",
-              file=sys.stderr)
-        return 3
-    result = bench_link("quick" if args.quick else "full", rate_bit=args.rate_gbit * 1e9,
-                        hierarchical=not args.no_hierarchical, log=_progress,
-                        **option_values(args, LINK_OPTIONS))
-    print(result)
-    _write_json(args.json, result)
     return 0
 
 
@@ -400,11 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_data_commands(sub)
     _add_book_command(sub)
-    p = sub.add_parser("bench", help="measurements: bench pipelines | service | conversion | "
-                                     "scaling | gpu-node | link")
-    bench = p.add_subparsers(dest="bench_command", required=True)
-    _add_input_benchmarks(bench)
-    _add_cluster_benchmarks(bench)
+    _add_bench_commands(sub)
     _add_train_command(sub)
     return parser
 
@@ -485,87 +293,35 @@ def _add_data_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.set_defaults(handler=_cmd_verify)
 
 
-def _add_input_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``bench pipelines``, ``bench service`` and ``bench conversion``: one machine's input."""
-    from chexnet_utils.bench.benchmark import bench_pipelines
-    from chexnet_utils.bench.service import bench_service
-    from chexnet_utils.data.tfrecords.bench import bench_conversion
+def _add_bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``bench <name>``: one sub-command per module of the bench wing that declares a
+    ``COMMAND`` (:mod:`chexnet_utils.bench.registry`), each with ``--json``."""
+    from chexnet_utils.bench.registry import bench_commands
 
-    b = bench.add_parser("pipelines", help="old vs new input pipeline on converted TFRecords")
-    add_config_options(b, bench_pipelines, PIPELINES_OPTIONS)
-    b.add_argument("--json", type=Path, required=True, help="write the results here")
-    b.set_defaults(handler=_cmd_bench_pipelines)
-
-    b = bench.add_parser("service", help="one-core trainer: local decoding vs a tf.data "
-                                         "service worker on the other core")
-    b.add_argument("--tfrecords", type=Path, default=None,
-                   help="converted full-size folder (default: build/tfrecords-full, made "
-                        "if missing)")
-    b.add_argument("--image-size", type=int, default=None, metavar="PX",
-                   help="model input side (default: the scale preset's)")
-    add_config_options(b, bench_service, SERVICE_OPTIONS)
-    b.add_argument("--json", type=Path, default=None, help="write the results here")
-    b.set_defaults(handler=_cmd_bench_service)
-
-    b = bench.add_parser("conversion", help="TFRecord conversion images/s, 1 vs all workers")
-    add_config_options(b, bench_conversion, CONVERSION_OPTIONS)
-    b.add_argument("--json", type=Path, default=None, help="write the results here")
-    sizes = shown_default(["original" if s is None else s
-                    for s in default_of(bench_conversion, "image_sizes")])
-    b.add_argument("--image-sizes", type=_image_sizes, default=sizes, metavar="LIST",
-                   help=f"comma list; 'original' stores the source bytes (default {sizes})")
-    b.add_argument("--no-progress", action="store_true")
-    b.set_defaults(handler=_cmd_bench_conversion)
+    commands = bench_commands()
+    p = sub.add_parser("bench", help=f"measurements: bench {' | '.join(commands)}")
+    bench = p.add_subparsers(dest="bench_command", required=True)
+    for name, command in commands.items():
+        b = bench.add_parser(name, help=command.help)
+        if command.add_arguments is not None:
+            command.add_arguments(b)
+        add_config_options(b, command.function, command.options)
+        b.add_argument("--json", type=Path, required=command.json_required, default=None,
+                       help="write the results here")
+        b.set_defaults(handler=_cmd_bench)
 
 
-def _image_sizes(text: str) -> list[int | None]:
-    """``--image-sizes``: a comma list of sides in px, ``original`` (or ``none``, ``0``) for
-    the stored bytes kept."""
-    return [None if v in ("original", "none", "0") else int(v) for v in text.split(",") if v]
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Run ``bench <name>``: print its result (the table) and write its ``--json``; an int
+    from the command is its exit code (it cannot run here, and said why)."""
+    from chexnet_utils.bench.registry import bench_commands
 
-
-def _add_cluster_benchmarks(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``bench scaling``, ``bench gpu-node`` and ``bench link``: many workers."""
-    from chexnet_utils.bench.gpu_node import bench_gpu_node
-    from chexnet_utils.bench.link import bench_link
-    from chexnet_utils.bench.scaling import bench_scaling
-
-    b = bench.add_parser("scaling", help="Horovod images/s on 1..N MPI engines, old vs new")
-    b.add_argument("--tfrecords", type=Path, default=None,
-                   help="converted folder (default: full-size shards of the scale's data set)")
-    add_config_options(b, bench_scaling, SCALING_OPTIONS)
-    b.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="engine environment variable, repeatable (e.g. "
-                        "OMPI_MCA_mpi_yield_when_idle=0 to let MPI spin)")
-    b.add_argument("--json", type=Path, default=None, help="write the results here")
-    b.set_defaults(handler=_cmd_bench_scaling)
-
-    b = bench.add_parser("gpu-node", help="CheXNet images/s, speed-up and efficiency on 1..N "
-                                          "GPUs beside published reference points (exit 3 "
-                                          "without a GPU)")
-    b.add_argument("--tfrecords", type=Path, default=None,
-                   help="converted folder (default: full-size shards of the scale's data set)")
-    add_config_options(b, bench_gpu_node, GPU_NODE_OPTIONS)
-    b.add_argument("--json", type=Path, default=None, help="write the results here")
-    for switch, what in (("--mixed-precision", "mixed_float16 (auto: on with a GPU)"),
-                         ("--xla", "jit_compile (auto: on only with HOROVOD_ENABLE_XLA_OPS=1 "
-                                   "under Horovod; on sets it for the engines)")):
-        b.add_argument(switch, default="auto", choices=("auto", "on", "off"), help=what)
-    b.set_defaults(handler=_cmd_bench_gpu_node)
-
-    b = bench.add_parser("link", help="Horovod across two network namespaces joined by a "
-                                      "veth: crossed-link bytes, allreduce vs size, tc-shaped "
-                                      "link vs the alpha-beta model (root; exit 3 otherwise)")
-    b.add_argument("--json", type=Path, default=None, help="write the results here")
-    b.add_argument("--quick", action="store_true",
-                   help="notebook-sized run (16 MiB top, about a minute)")
-    rate_gbit = default_of(bench_link, "rate_bit") / 1e9
-    b.add_argument("--rate-gbit", type=float, default=rate_gbit, metavar="GBIT",
-                   help=f"tbf rate of the shaped link in Gbit/s (default {rate_gbit:g})")
-    add_config_options(b, bench_link, LINK_OPTIONS)
-    b.add_argument("--no-hierarchical", action="store_true",
-                   help="skip the 2-ranks-per-node HOROVOD_HIERARCHICAL_ALLREDUCE runs")
-    b.set_defaults(handler=_cmd_bench_link)
+    result = bench_commands()[args.bench_command].run(args, _progress)
+    if isinstance(result, int):
+        return result
+    print(result)
+    _write_json(args.json, result)
+    return 0
 
 
 def _add_train_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -19,18 +19,22 @@ articles' "utilisation jumps between 0 % and 90 %", and what the new pipeline ma
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chexnet_utils.bench.registry import BenchCommand, full_size_tfrecords, tfrecords_argument
 from chexnet_utils.bench.scaling import efficiency, prepare_data_parallel_model
 from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.comm.collectives import barrier
 from chexnet_utils.input.pipelines import Pipeline
 from chexnet_utils.model.architectures import FULL_SIZE_ARCHITECTURES, Architecture
+from chexnet_utils.platform.options import Option, option_values
 from chexnet_utils.platform.timing import barrier_windows
 
 ARTICLE_GPU_COUNTS = (1, 2, 3, 4, 8)
@@ -364,3 +368,46 @@ def utilisation_old_vs_new(tfrecords: Path | str, *, arch: Architecture = "dense
         out[p] = {"samples": as_dicts(sampler.samples), "summary": summarise(sampler.samples),
                   "img_per_s": float(res["img_per_s"]), "window": window}
     return out
+
+
+OPTIONS: dict[str, Option] = {
+    "gpus": Option("--gpus", "comma list of GPU counts, with 1 (default: 1,2,3,4,8 up to the "
+                             "visible GPUs, and their number)", "LIST"),
+    "arch": Option("--arch", "the model"),
+    "image_size": Option("--image-size", "model input side", "PX"),
+    "batch_size": Option("--batch-size", "per GPU (default: the gpu-node scale's)", "N"),
+    "steps": Option("--steps", "timed steps per GPU count", "N"),
+    "warmup_steps": Option("--warmup", "untimed steps first", "N"),
+    "pipeline": Option("--pipeline", "the input pipeline"),
+}
+"""``bench gpu-node``'s options from :func:`bench_gpu_node`'s parameters; ``--tfrecords``,
+``--mixed-precision`` and ``--xla`` (auto, on, off) by hand."""
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    tfrecords_argument(parser)
+    for switch, what in (("--mixed-precision", "mixed_float16 (auto: on with a GPU)"),
+                         ("--xla", "jit_compile (auto: on only with HOROVOD_ENABLE_XLA_OPS=1 "
+                                   "under Horovod; on sets it for the engines)")):
+        parser.add_argument(switch, default="auto", choices=("auto", "on", "off"), help=what)
+
+
+def _run(args: argparse.Namespace, log: Callable[[str], None]) -> GpuNodeResult | int:
+    from chexnet_utils.hardware import devices
+    from chexnet_utils.model.accelerator import parse_switch
+
+    visible = devices.visible_gpus()
+    plan = devices.worker_plan(max(1, len(visible)), gpus=len(visible))
+    if plan.device != "GPU":
+        print(no_gpu_message(), file=sys.stderr)
+        return 3
+    return bench_gpu_node(
+        full_size_tfrecords(args.tfrecords),
+        mixed_precision=parse_switch(args.mixed_precision, "--mixed-precision"),
+        xla=parse_switch(args.xla, "--xla"), visible=visible, log=log,
+        **option_values(args, OPTIONS))
+
+
+COMMAND = BenchCommand("CheXNet images/s, speed-up and efficiency on 1..N GPUs beside "
+                       "published reference points (exit 3 without a GPU)", bench_gpu_node,
+                       OPTIONS, _run, _arguments)

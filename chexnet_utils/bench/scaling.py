@@ -26,16 +26,19 @@ Two kinds of worker are measured:
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chexnet_utils.bench.registry import BenchCommand, full_size_tfrecords, tfrecords_argument
 from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.comm.collectives import barrier
 from chexnet_utils.input.pipelines import Pipeline
 from chexnet_utils.model.architectures import Architecture
+from chexnet_utils.platform.options import Option, option_values
 from chexnet_utils.platform.timing import barrier_windows, mean_std
 from chexnet_utils.training.dataparallel import Recipe
 
@@ -396,3 +399,50 @@ def bench_scaling(tfrecords: Path | str, workers: Sequence[int] = (1, 2),
         cluster_seconds=cluster_times,
         emulated=ScalingBlock(runs[modes[-1]], accelerator_ms=modes[-1]) if accelerator_ms
         else None)
+
+
+OPTIONS: dict[str, Option] = {
+    "workers": Option("--workers", "comma list of worker counts", "LIST"),
+    "pipelines": Option("--pipelines", "comma list of the pipelines to time: old, new", "LIST"),
+    "arch": Option("--arch", "the model each worker trains"),
+    "image_size": Option("--image-size", "model input side", "PX"),
+    "batch_size": Option("--batch-size", "images per batch per worker", "N"),
+    "steps": Option("--steps", "timed steps per run", "N"),
+    "warmup_steps": Option("--warmup", "untimed steps before each run (enough for the old "
+                                       "pipeline's prefetched batches to run out)", "N"),
+    "repeats": Option("--repeats", "runs per setting", "N"),
+    "bind_to": Option("--bind-to", "mpiexec --bind-to (none = unbound)"),
+    "map_by": Option("--map-by", "mpiexec --map-by, e.g. socket"),
+    "accelerator_ms": Option("--emulate-accelerator", "also time an emulated accelerator taking "
+                                                      "MS per step (the CPU only feeds it), "
+                                                      "e.g. 20", "MS"),
+}
+"""``bench scaling``'s options from :func:`bench_scaling`'s parameters; ``--tfrecords`` (made
+if missing) and ``--env`` (``KEY=VALUE``, repeatable) by hand."""
+
+
+def env_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    """``["KEY=VALUE", ...]`` -> dict; a clear error for anything else."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not key.replace("_", "").isalnum():
+            raise SystemExit(f"--env expects KEY=VALUE, got {pair!r}")
+        env[key] = value
+    return env
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    tfrecords_argument(parser)
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="engine environment variable, repeatable (e.g. "
+                             "OMPI_MCA_mpi_yield_when_idle=0 to let MPI spin)")
+
+
+def _run(args: argparse.Namespace, log: Callable[[str], None]) -> ScalingResult:
+    return bench_scaling(full_size_tfrecords(args.tfrecords), env=env_pairs(args.env), log=log,
+                         **option_values(args, OPTIONS))
+
+
+COMMAND = BenchCommand("Horovod images/s on 1..N MPI engines, old vs new", bench_scaling,
+                       OPTIONS, _run, _arguments)

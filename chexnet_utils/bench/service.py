@@ -19,10 +19,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from chexnet_utils.bench.registry import BenchCommand, full_size_tfrecords, tfrecords_argument
 from chexnet_utils.hardware.devices import usable_cpus
 from chexnet_utils.input.tfdata_service import (
     PROCESSING_MODES,
@@ -33,6 +34,7 @@ from chexnet_utils.input.tfdata_service import (
     role_command,
 )
 from chexnet_utils.model.architectures import Architecture
+from chexnet_utils.platform.options import Option, option_values
 from chexnet_utils.platform.processes import set_parent_death_signal
 from chexnet_utils.platform.timing import RunMean, batch_len, block, ratio
 from chexnet_utils.training.dataparallel import Recipe
@@ -40,7 +42,7 @@ from chexnet_utils.training.dataparallel import Recipe
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["ServiceResult", "bench_service", "trainer_run"]
+__all__ = ["COMMAND", "OPTIONS", "ServiceResult", "bench_service", "trainer_run"]
 
 
 @dataclass(frozen=True)
@@ -365,6 +367,37 @@ def main(argv: Sequence[str] | None = None) -> int:
               "ADDRESS [...]", file=sys.stderr)
         return 2
     return _trainer_main(argv[1:])
+
+
+OPTIONS: dict[str, Option] = {
+    "split": Option("--split", "which shards to read"),
+    "batch_size": Option("--batch-size", "images per batch", "N"),
+    "n_steps": Option("--steps", "timed steps per run", "N"),
+    "warmup": Option("--warmup", "untimed steps before each run", "N"),
+    "repeats": Option("--repeats", "alternating local/service runs", "N"),
+    "processing_mode": Option("--mode", "processing mode of the service"),
+}
+"""``bench service``'s options from :func:`bench_service`'s parameters; ``--tfrecords`` (made
+if missing) and ``--image-size`` (the scale preset's) by hand."""
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    tfrecords_argument(parser)
+    parser.add_argument("--image-size", type=int, default=None, metavar="PX",
+                        help="model input side (default: the scale preset's)")
+
+
+def _run(args: argparse.Namespace, log: Callable[[str], None]) -> ServiceResult:
+    from chexnet_utils.config import scale
+
+    return bench_service(full_size_tfrecords(args.tfrecords),
+                         image_size=args.image_size or scale().image_size, log=log,
+                         **option_values(args, OPTIONS))
+
+
+COMMAND = BenchCommand("one-core trainer: local decoding vs a tf.data service worker on the "
+                       "other core", bench_service, OPTIONS, _run, _arguments)
+
 
 
 if __name__ == "__main__":

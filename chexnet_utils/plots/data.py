@@ -10,7 +10,7 @@ import numpy as np
 from chexnet_utils.data.labels import NIH_PREVALENCE, PATHOLOGIES
 
 if TYPE_CHECKING:
-    from chexnet_utils.data.tfrecords.bench import ConversionThroughput
+    from chexnet_utils.bench.conversion import ConversionThroughput
 
 
 def label_distribution(prevalence: Mapping[str, float], reference: Mapping[str, float]
@@ -94,8 +94,9 @@ def similarity_histogram(same: Sequence[float] | np.ndarray,
 
 
 def conversion_throughput(bench: ConversionThroughput):  # noqa: ANN201
-    """One panel per image size of :func:`chexnet_utils.data.tfrecords.bench_conversion`'s result:
-    images/s of the conversion with each worker count, the speed-up in the panel title."""
+    """One panel per image size of the result of
+    :func:`chexnet_utils.bench.conversion.bench_conversion`: images/s of the conversion with
+    each worker count, the speed-up in the panel title."""
     import matplotlib.pyplot as plt
 
     runs = bench.runs

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from chexnet_utils.data import tfrecords
+from chexnet_utils.bench import conversion
 
 
 def test_decode_ms_times_every_read_record_after_one_warm_up(
@@ -20,7 +20,7 @@ def test_decode_ms_times_every_read_record_after_one_warm_up(
     monkeypatch.setattr(images, "decode_image",
                         lambda b, size=None: calls.append((bytes(b.numpy()), size)))
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
-    ms = tfrecords.decode_ms(tiny_tfrecords, 24, n=5)
+    ms = conversion.decode_ms(tiny_tfrecords, 24, n=5)
     assert ms == pytest.approx(0.5 / 5 * 1e3)
     assert len(calls) == 6 and calls[0] == calls[1]          # warm-up, then the 5 timed
     assert {size for _, size in calls} == {24}
@@ -28,6 +28,6 @@ def test_decode_ms_times_every_read_record_after_one_warm_up(
 
 
 def test_decode_ms_really_decodes_and_checks_n(tiny_tfrecords: Path) -> None:
-    assert tfrecords.decode_ms(tiny_tfrecords, 16, n=3) > 0.0
+    assert conversion.decode_ms(tiny_tfrecords, 16, n=3) > 0.0
     with pytest.raises(ValueError, match="n must be"):
-        tfrecords.decode_ms(tiny_tfrecords, 16, n=0)
+        conversion.decode_ms(tiny_tfrecords, 16, n=0)

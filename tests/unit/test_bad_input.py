@@ -222,9 +222,9 @@ def test_a_read_only_out_is_found_before_the_scan(tmp_path, monkeypatch, capsys)
 def test_a_benchmark_json_that_cannot_be_written_fails_before_the_benchmark(
         tmp_path, monkeypatch, capsys):
     _read_only(tmp_path / "ro", monkeypatch)
-    from chexnet_utils.data import tfrecords
+    from chexnet_utils.bench import conversion
 
-    monkeypatch.setattr(tfrecords, "bench_conversion",
+    monkeypatch.setattr(conversion, "bench_conversion",
                         lambda *a, **k: pytest.fail("benchmark ran before the --json check"))
     try:
         code = main(["bench", "conversion", "--json", str(tmp_path / "ro" / "x.json"),

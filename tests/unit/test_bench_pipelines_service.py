@@ -264,7 +264,7 @@ def test_cli_bench_pipelines_prints_the_table_and_the_accelerators_wait(
         monkeypatch, tmp_path, capsys, accel_ms):
     import functools
 
-    from chexnet_utils.bench import benchmark
+    from chexnet_utils.bench import pipelines as benchmark
 
     seen: dict[str, Any] = {}
 

@@ -76,31 +76,30 @@ def test_train_command_options_take_type_default_and_choices_from_train_config()
 
 BENCH_COMMANDS = [
     # (argv with the required options, where the function is defined, its name, options)
-    (["bench", "conversion", "--data-dir", "d"], "chexnet_utils.data.tfrecords.bench",
-     "bench_conversion", "CONVERSION_OPTIONS"),
-    (["bench", "pipelines", "--tfrecords", "t", "--json", "j"], "chexnet_utils.bench.benchmark",
-     "bench_pipelines", "PIPELINES_OPTIONS"),
-    (["bench", "service"], "chexnet_utils.bench.service", "bench_service", "SERVICE_OPTIONS"),
-    (["bench", "link"], "chexnet_utils.bench.link", "bench_link", "LINK_OPTIONS"),
-    (["bench", "scaling"], "chexnet_utils.bench.scaling", "bench_scaling", "SCALING_OPTIONS"),
-    (["bench", "gpu-node"], "chexnet_utils.bench.gpu_node", "bench_gpu_node",
-     "GPU_NODE_OPTIONS"),
+    (["bench", "conversion", "--data-dir", "d"], "conversion", "bench_conversion"),
+    (["bench", "pipelines", "--tfrecords", "t", "--json", "j"], "pipelines", "bench_pipelines"),
+    (["bench", "service"], "service", "bench_service"),
+    (["bench", "link"], "link", "bench_link"),
+    (["bench", "scaling"], "scaling", "bench_scaling"),
+    (["bench", "gpu-node"], "gpu_node", "bench_gpu_node"),
 ]
 
 
-@pytest.mark.parametrize(("argv", "module", "function", "options"), BENCH_COMMANDS,
+@pytest.mark.parametrize(("argv", "module", "function"), BENCH_COMMANDS,
                          ids=[c[0][1] for c in BENCH_COMMANDS])
-def test_bench_command_options_take_their_defaults_from_the_function(argv, module, function,
-                                                                     options):
+def test_bench_command_options_take_their_defaults_from_the_function(argv, module, function):
     """Every option of a bench command that has a default parses to the default of the
     benchmark function's parameter it is named after: no default copied by hand."""
     import importlib
     import inspect
 
     from chexnet_utils import cli
+    from chexnet_utils.bench.registry import bench_commands
 
-    fn = getattr(importlib.import_module(module), function)
-    table = getattr(cli, options)
+    bench_module = importlib.import_module(f"chexnet_utils.bench.{module}")
+    fn, table = getattr(bench_module, function), bench_module.OPTIONS
+    assert bench_commands()[argv[1]] is bench_module.COMMAND  # `bench <name>` is bench/<name>.py
+    assert bench_module.COMMAND.function is fn and bench_module.COMMAND.options is table
     values = cli_options.option_values(cli.build_parser().parse_args(argv), table)
     params = inspect.signature(fn).parameters
     assert set(table) <= set(params)
@@ -147,9 +146,11 @@ def test_a_blank_list_option_means_the_default(argv):
     from chexnet_utils import cli
 
     args = cli.build_parser().parse_args(argv)
-    name, table = {"scaling": ("workers", cli.SCALING_OPTIONS),
-                   "gpu-node": ("gpus", cli.GPU_NODE_OPTIONS),
-                   "link": ("launchers", cli.LINK_OPTIONS)}[argv[1]]
+    from chexnet_utils.bench import gpu_node, link, scaling
+
+    name, table = {"scaling": ("workers", scaling.OPTIONS),
+                   "gpu-node": ("gpus", gpu_node.OPTIONS),
+                   "link": ("launchers", link.OPTIONS)}[argv[1]]
     assert getattr(args, name) is None
     assert name not in cli_options.option_values(args, table)  # so the function's default applies
 

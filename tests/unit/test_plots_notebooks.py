@@ -23,7 +23,7 @@ def test_similarity_histogram_has_both_groups() -> None:
 
 
 def test_conversion_throughput_one_panel_per_size() -> None:
-    from chexnet_utils.data.tfrecords import ConversionRuns, ConversionThroughput
+    from chexnet_utils.bench.conversion import ConversionRuns, ConversionThroughput
 
     bench = ConversionThroughput(
         cores=2, workers=[1, 2], repeats=1, shard_size=4, data_dir="d", n_images=8,

@@ -688,7 +688,7 @@ def test_conversion_throughput_figures_table_and_json_layout():
     """The means and the speed-up are computed from the runs (last worker count over the
     first); the table is what ``bench conversion`` prints; ``as_dict()`` keeps the JSON
     layout of the results written before the dataclass (worker counts as strings)."""
-    from chexnet_utils.data.tfrecords import ConversionRuns, ConversionThroughput
+    from chexnet_utils.bench.conversion import ConversionRuns, ConversionThroughput
     from chexnet_utils.platform.atomic import json_safe
 
     runs = ConversionRuns({1: [40.0, 60.0], 2: [90.0, 110.0]})

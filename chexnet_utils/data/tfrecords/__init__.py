@@ -10,9 +10,10 @@ Modules, one concern each (every public name is re-exported here):
 - :mod:`~chexnet_utils.data.tfrecords.plan`: the shard plan (:func:`planned_shard_count`);
 - :mod:`~chexnet_utils.data.tfrecords.convert`: the converter (:func:`convert_dataset`);
 - :mod:`~chexnet_utils.data.tfrecords.verify`: folder layout, manifest, :func:`list_shards`,
-  :func:`verify`;
-- :mod:`~chexnet_utils.data.tfrecords.bench`: conversion throughput (:func:`bench_conversion`,
-  a :class:`ConversionThroughput`).
+  :func:`verify`.
+
+Conversion throughput (``bench_conversion``) and the per-record decode time (``decode_ms``)
+are measurements: :mod:`chexnet_utils.bench.conversion`.
 
 Why TFRecords: 112,120 PNGs of ~400 KB each are read far faster as a few hundred large files
 than as small ones, and the labels travel with the pixels. One conversion serves every later
@@ -92,12 +93,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from chexnet_utils.data.tfrecords.bench import (
-    ConversionRuns,
-    ConversionThroughput,
-    bench_conversion,
-    decode_ms,
-)
 from chexnet_utils.data.tfrecords.convert import ConversionResult, convert_dataset
 from chexnet_utils.data.tfrecords.images import (
     PNG_COMPRESS_LEVEL,
@@ -152,14 +147,10 @@ __all__ = [
     "SPLITS",
     "ConversionError",
     "ConversionResult",
-    "ConversionRuns",
-    "ConversionThroughput",
     "VerifyReport",
-    "bench_conversion",
     "convert_dataset",
     "crc32c",
     "decode_example",
-    "decode_ms",
     "decode_image",
     "encode_example",
     "feature_spec",

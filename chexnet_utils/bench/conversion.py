@@ -4,16 +4,20 @@ worker processes side by side (``python -m chexnet_utils bench conversion``) and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from chexnet_utils.bench.registry import BenchCommand
 from chexnet_utils.data.tfrecords.convert import convert_dataset
 from chexnet_utils.hardware.devices import usable_cores
+from chexnet_utils.platform.options import Option, default_of, option_values, shown_default
 from chexnet_utils.platform.timing import mean_std, ratio
 
-__all__ = ["ConversionRuns", "ConversionThroughput", "bench_conversion", "decode_ms"]
+__all__ = ["COMMAND", "OPTIONS", "ConversionRuns", "ConversionThroughput", "bench_conversion",
+           "decode_ms", "image_sizes"]
 
 
 @dataclass(frozen=True)
@@ -150,3 +154,39 @@ def decode_ms(tfrecords_dir: Path | str, image_size: int, n: int = 40,
     for b in blobs:
         decode_image(b, image_size)
     return (time.perf_counter() - t0) / len(blobs) * 1e3
+
+
+OPTIONS: dict[str, Option] = {
+    "data_dir": Option("--data-dir", "NIH-layout folder", "DIR"),
+    "workers": Option("--workers", "comma list of worker counts (default: 1 and all cores)",
+                      "LIST"),
+    "repeats": Option("--repeats", "runs per setting", "N"),
+    "shard_size": Option("--shard-size", "images per shard", "N"),
+}
+"""``bench conversion``'s options: a parameter of :func:`bench_conversion` -> its flag and
+help; ``--image-sizes`` and ``--no-progress`` by hand."""
+
+
+def image_sizes(text: str) -> list[int | None]:
+    """``--image-sizes``: a comma list of sides in px, ``original`` (or ``none``, ``0``) for
+    the stored bytes kept."""
+    return [None if v in ("original", "none", "0") else int(v) for v in text.split(",") if v]
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    sizes = shown_default(["original" if s is None else s
+                           for s in default_of(COMMAND.function, "image_sizes")])
+    parser.add_argument("--image-sizes", type=image_sizes, default=sizes, metavar="LIST",
+                        help=f"comma list; 'original' stores the source bytes (default {sizes})")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def _run(args: argparse.Namespace, log: Callable[[str], None]) -> ConversionThroughput:
+    from chexnet_utils.config import work_dir
+
+    return bench_conversion(work_dir=work_dir(), image_sizes=args.image_sizes,
+                            progress=not args.no_progress, **option_values(args, OPTIONS))
+
+
+COMMAND = BenchCommand("TFRecord conversion images/s, 1 vs all workers", bench_conversion,
+                       OPTIONS, _run, _arguments)
