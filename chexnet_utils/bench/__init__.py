@@ -1,11 +1,11 @@
 """The bench wing: the measurements, each timed side by side in one run (the stopwatch under
 them all is :mod:`chexnet_utils.platform.timing`).
 
-- :mod:`~chexnet_utils.bench.bench_pipeline`: how fast an input pipeline delivers, and its
+- :mod:`~chexnet_utils.bench.throughput`: how fast an input pipeline delivers, and its
   ceiling (images/s);
-- :mod:`~chexnet_utils.bench.bench_training`: how much of a training step waits for data (the
+- :mod:`~chexnet_utils.bench.idle`: how much of a training step waits for data (the
   idle fraction);
-- :mod:`~chexnet_utils.bench.bench_timeline`: when the accelerator waits: per-step timelines of
+- :mod:`~chexnet_utils.bench.timeline`: when the accelerator waits: per-step timelines of
   waiting vs computing;
 - :mod:`~chexnet_utils.bench.benchmark`: the notebooks' one name for the input measurements
   above (notebook 02);
@@ -15,7 +15,7 @@ them all is :mod:`chexnet_utils.platform.timing`).
   one record's decode time (notebook 01, ``bench conversion``);
 - :mod:`~chexnet_utils.bench.service`: the tf.data service measured: a one-core trainer
   decoding locally vs fed by a service worker (notebook 07, ``bench service``);
-- :mod:`~chexnet_utils.bench.steptimer`: timed data-parallel training steps on MPI workers:
+- :mod:`~chexnet_utils.bench.engine_steps`: timed data-parallel training steps on MPI workers:
   Horovod or MultiWorkerMirroredStrategy;
 - :mod:`~chexnet_utils.bench.scaling`: images/s on 1..N Horovod workers and the scaling
   efficiency (notebook 04, ``bench scaling``);

@@ -2,9 +2,9 @@
 
 The notebooks' one name for these measurements (``from chexnet_utils.bench import benchmark`` then
 ``benchmark.compare_pipelines(...)``); the code lives in one module per concern:
-:mod:`chexnet_utils.bench.bench_pipeline` (pipelines alone: images/s, ceiling, workers, shard
-counts), :mod:`chexnet_utils.bench.bench_training` (training fed by a pipeline: idle fractions),
-:mod:`chexnet_utils.bench.bench_timeline` (per-step timelines) and
+:mod:`chexnet_utils.bench.throughput` (pipelines alone: images/s, ceiling, workers, shard
+counts), :mod:`chexnet_utils.bench.idle` (training fed by a pipeline: idle fractions),
+:mod:`chexnet_utils.bench.timeline` (per-step timelines) and
 :mod:`chexnet_utils.platform.timing` (the stopwatch they share); :func:`bench_pipelines`,
 all of them in one run, and its result :class:`PipelinesResult` (``print(result)``: the
 table) are ``bench pipelines``' module, :mod:`chexnet_utils.bench.pipelines`.
@@ -49,21 +49,7 @@ burst of load from elsewhere hurts both alike.
 
 from __future__ import annotations
 
-from chexnet_utils.bench.bench_pipeline import (
-    DecodeCeiling,
-    ThroughputResult,
-    compare_pipelines,
-    decode_ceiling,
-    records_per_file,
-    shard_counts,
-    time_pipeline,
-)
-from chexnet_utils.bench.bench_timeline import (
-    Timeline,
-    accel_wait_fraction,
-    record_timeline,
-)
-from chexnet_utils.bench.bench_training import (
+from chexnet_utils.bench.idle import (
     FedTrainingResult,
     TrainingResult,
     compare_training,
@@ -72,6 +58,20 @@ from chexnet_utils.bench.bench_training import (
     train_step_fn,
 )
 from chexnet_utils.bench.pipelines import PipelinesResult, bench_pipelines
+from chexnet_utils.bench.throughput import (
+    DecodeCeiling,
+    ThroughputResult,
+    compare_pipelines,
+    decode_ceiling,
+    records_per_file,
+    shard_counts,
+    time_pipeline,
+)
+from chexnet_utils.bench.timeline import (
+    Timeline,
+    accel_wait_fraction,
+    record_timeline,
+)
 from chexnet_utils.hardware.devices import usable_cores
 
 __all__ = [

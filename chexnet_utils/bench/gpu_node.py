@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chexnet_utils.bench.engine_steps import StepConfig
 from chexnet_utils.bench.registry import BenchCommand, full_size_tfrecords, tfrecords_argument
 from chexnet_utils.bench.scaling import efficiency, prepare_data_parallel_model
-from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.comm.collectives import barrier
 from chexnet_utils.input.pipelines import Pipeline
 from chexnet_utils.model.architectures import FULL_SIZE_ARCHITECTURES, Architecture
@@ -106,7 +106,7 @@ def gpu_counts(visible: int, requested: Sequence[int] | None = None) -> list[int
 def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
     """Run on every Horovod worker: ``steps`` timed data-parallel training steps on its GPU,
     fed by ``cfg.pipeline`` over ``cfg.tfrecords`` (a
-    :class:`~chexnet_utils.bench.steptimer.StepConfig`; ``batch_size`` is per GPU).
+    :class:`~chexnet_utils.bench.engine_steps.StepConfig`; ``batch_size`` is per GPU).
 
     Like :func:`chexnet_utils.bench.scaling.throughput_on_engine` (same barrier-to-barrier clock,
     same gradient averaging and broadcast), with the GPU settings: the model built and

@@ -2,8 +2,8 @@
 in one run (:func:`bench_pipelines`, its result :class:`PipelinesResult`): each pipeline's
 images/s alone, the single-core decode ceiling, the idle fraction of a training step fed by
 each, and optionally an emulated accelerator's waiting. The pieces it composes are in
-:mod:`chexnet_utils.bench.bench_pipeline`, :mod:`~chexnet_utils.bench.bench_training` and
-:mod:`~chexnet_utils.bench.bench_timeline`; the notebooks reach all of them through
+:mod:`chexnet_utils.bench.throughput`, :mod:`~chexnet_utils.bench.idle` and
+:mod:`~chexnet_utils.bench.timeline`; the notebooks reach all of them through
 :mod:`chexnet_utils.bench.benchmark`."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chexnet_utils.bench.bench_pipeline import compare_pipelines, decode_ceiling
-from chexnet_utils.bench.bench_timeline import accel_wait_fraction
-from chexnet_utils.bench.bench_training import (
+from chexnet_utils.bench.idle import (
     probe_model,
     synthetic_rate,
     time_training,
     train_step_fn,
 )
 from chexnet_utils.bench.registry import BenchCommand
+from chexnet_utils.bench.throughput import compare_pipelines, decode_ceiling
+from chexnet_utils.bench.timeline import accel_wait_fraction
 from chexnet_utils.input.pipelines import (
     DEFAULT_CYCLE_LENGTH,
     DEFAULT_SHUFFLE_BUFFER,

@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chexnet_utils.bench.engine_steps import StepConfig
 from chexnet_utils.bench.registry import BenchCommand, full_size_tfrecords, tfrecords_argument
-from chexnet_utils.bench.steptimer import StepConfig
 from chexnet_utils.comm.collectives import barrier
 from chexnet_utils.input.pipelines import Pipeline
 from chexnet_utils.model.architectures import Architecture
@@ -80,7 +80,7 @@ def prepare_data_parallel_model(model: Any, size: int, jit_compile: bool = False
 def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
     """Run on every Horovod worker: ``steps`` timed data-parallel training steps, fed by
     ``cfg.pipeline`` over ``cfg.tfrecords`` (see
-    :class:`~chexnet_utils.bench.steptimer.StepConfig`).
+    :class:`~chexnet_utils.bench.engine_steps.StepConfig`).
 
     Builds the model, averages gradients with Horovod and broadcasts rank 0's initial
     state, exactly as :func:`chexnet_utils.training.train` does with ``distributed=True``,

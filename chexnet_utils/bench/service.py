@@ -233,8 +233,8 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
     """
     import keras
 
-    from chexnet_utils.bench.bench_pipeline import time_pipeline
-    from chexnet_utils.bench.bench_training import synthetic_rate, train_step_fn
+    from chexnet_utils.bench.idle import synthetic_rate, train_step_fn
+    from chexnet_utils.bench.throughput import time_pipeline
     from chexnet_utils.data.tfrecords import list_shards
     from chexnet_utils.input.pipelines import new_approach
     from chexnet_utils.model.models import build_chexnet

@@ -16,7 +16,7 @@ re-exported from one module per concern:
 
 And for ``TF_CONFIG``, :func:`chexnet_utils.platform.ports.free_port` (``free_port``). One
 training step timed with Horovod or MultiWorkerMirroredStrategy is a measurement:
-:mod:`chexnet_utils.bench.steptimer` (it uses this wing, so it cannot be re-exported here). The
+:mod:`chexnet_utils.bench.engine_steps` (it uses this wing, so it cannot be re-exported here). The
 figures are :mod:`chexnet_utils.plots`' (``plots.plot_sweeps``, ``plots.plot_timeline``); the
 two-node link benchmark is :mod:`chexnet_utils.bench.link`. Nothing is defined here.
 """

@@ -1,8 +1,8 @@
 """Notebooks 05 and 06's experiments that are not a collective themselves: the glue around them.
 
 The collectives and step timers live in :mod:`chexnet_utils.comm.collectives` and
-:mod:`chexnet_utils.bench.steptimer`; this module holds what notebooks 05 and 06 run *around* them,
-so the notebook shows the calls and not the bookkeeping:
+:mod:`chexnet_utils.bench.engine_steps`; this module holds what notebooks 05 and 06 run
+*around* them, so the notebook shows the calls and not the bookkeeping:
 
 - :func:`ps_and_ring_once`: one tiny tensor averaged both ways (parameter server and
   ring-allreduce) on every engine, what notebook 05's own collectives cell is checked against;

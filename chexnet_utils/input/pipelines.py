@@ -50,7 +50,7 @@ here:
   the rule live (its "TF's defaults" cell).
 * ``inject_prefetch`` appends ``prefetch(AUTOTUNE)`` when the last transformation is not a
   prefetch (``inject_prefetch.cc``). Both builders end in an explicit prefetch, so it never
-  applies to them; :func:`chexnet_utils.bench.bench_pipeline.decode_ceiling` switches both
+  applies to them; :func:`chexnet_utils.bench.throughput.decode_ceiling` switches both
   rewrites off because it measures one core.
 """
 

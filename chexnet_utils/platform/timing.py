@@ -1,7 +1,7 @@
 """The stopwatch under every input-pipeline measurement: pull, wait, count, alternate.
 
-:mod:`chexnet_utils.bench.bench_pipeline`, :mod:`chexnet_utils.bench.bench_training`,
-:mod:`chexnet_utils.bench.bench_timeline` and :mod:`chexnet_utils.input.tfdata_service` all time
+:mod:`chexnet_utils.bench.throughput`, :mod:`chexnet_utils.bench.idle`,
+:mod:`chexnet_utils.bench.timeline` and :mod:`chexnet_utils.input.tfdata_service` all time
 the same few things: batches pulled from an iterator (counting images, not batches), training steps
 whose result must be *waited for* before the clock stops (a step that returns tensors is not
 finished until they are on the host), warm-up batches that are never timed, and runs of
@@ -16,7 +16,7 @@ This module holds the one implementation of each:
 - :func:`first_batch`: ``(x, y)`` of a dataset's first batch, the constant in-memory batch;
 - :func:`barrier_windows`: the engines' clock: ``warmup_steps`` untimed steps, then windows
   of ``steps`` steps, each opened (and closed) by a barrier so that every worker times the
-  same interval (:mod:`chexnet_utils.bench.steptimer`, :mod:`chexnet_utils.bench.scaling`,
+  same interval (:mod:`chexnet_utils.bench.engine_steps`, :mod:`chexnet_utils.bench.scaling`,
   :mod:`chexnet_utils.bench.gpu_node`, :mod:`chexnet_utils.comm.collectives`);
 - :func:`alternating`: the run order A B, B A, A B ... of ``repeats`` rounds;
 - :func:`mean_std`: mean and sample standard deviation of a list of rates; :class:`RunMean`,

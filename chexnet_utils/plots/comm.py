@@ -221,7 +221,7 @@ def backend_throughput(steps: Mapping[str, Sequence[Mapping[str, Any]]], xlabel:
                        ):  # noqa: ANN201
     """Images/s of the same training step per data-parallel back end: rank 0's median
     (bar) and its runs (ticks). ``steps`` maps a label to the engines' results of
-    :func:`chexnet_utils.bench.steptimer.backend_throughput_on_engine`."""
+    :func:`chexnet_utils.bench.engine_steps.backend_throughput_on_engine`."""
     return bars_with_runs({k: v[0]["img_per_s"] for k, v in steps.items()},
                           {k: v[0]["runs_img_per_s"] for k, v in steps.items()}, xlabel,
                           "Same training step, two data-parallel back ends "
@@ -255,7 +255,8 @@ def tensor_fusion(bursts: Mapping[str, Mapping[str, Mapping[str, Any]]],
 
 def binding(steps: Mapping[str, Mapping[str, Any]], n: int, cores: int):  # noqa: ANN201
     """Training images/s per ``--bind-to`` setting (``steps``: setting -> rank 0's result of
-    :func:`chexnet_utils.bench.steptimer.hvd_throughput_on_engine`): median bar, runs as dashes."""
+    :func:`chexnet_utils.bench.engine_steps.hvd_throughput_on_engine`): median bar, runs as
+    dashes."""
     fig = bars_with_runs({f"--bind-to {b}": s["img_per_s"] for b, s in steps.items()},
                          {f"--bind-to {b}": s["runs_img_per_s"] for b, s in steps.items()},
                          "images/s (Horovod, grouped)\nbar: median, dashes: runs",

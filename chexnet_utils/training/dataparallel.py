@@ -1,7 +1,7 @@
 """The data-parallel seams of training: what turns one Keras worker into one of N (Horovod).
 
 :func:`chexnet_utils.training.train` with ``distributed=True``, the engine step timers of
-:mod:`chexnet_utils.bench.steptimer` and :mod:`chexnet_utils.bench.scaling`, and the GPU node
+:mod:`chexnet_utils.bench.engine_steps` and :mod:`chexnet_utils.bench.scaling`, and the GPU node
 checks of :mod:`chexnet_utils.bench.gpu_node` all use these, so that every measured step is the
 step that training takes. Which of the six Horovod changes each one is:
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from chexnet_utils import comm
-from chexnet_utils.bench import steptimer
+from chexnet_utils.bench import engine_steps
 
 # the engines cannot import this test module: send its functions by value
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -94,7 +94,7 @@ def cluster():
     with MPICluster(n=2, env={"HOROVOD_TIMELINE": "DYNAMIC"}) as c:
         ports = c.run(comm.free_port)
         # MultiWorkerMirroredStrategy first: before any other TensorFlow op in the engines
-        setup = c.run(steptimer.mwms_setup_on_engine, ports, timeout=120)
+        setup = c.run(engine_steps.mwms_setup_on_engine, ports, timeout=120)
         assert [s["replicas"] for s in setup] == [2, 2]
         yield c
 
@@ -138,9 +138,9 @@ def test_burst_and_training_steps_with_both_back_ends(cluster, tmp_path):
     assert burst["n_tensors"] == 3 and burst["median_s"] > 0
     cfg = {"arch": "small", "image_size": 32, "batch_size": 4, "steps": 2, "warmup_steps": 1}
     timeline = tmp_path / "tl.json"
-    hvd_res = cluster.run(steptimer.backend_throughput_on_engine, "horovod", cfg,
+    hvd_res = cluster.run(engine_steps.backend_throughput_on_engine, "horovod", cfg,
                           timeline_path=str(timeline), timeline_steps=2, timeout=180)
-    mwms_res = cluster.run(steptimer.backend_throughput_on_engine, "mwms", cfg, timeout=180)
+    mwms_res = cluster.run(engine_steps.backend_throughput_on_engine, "mwms", cfg, timeout=180)
     for res in (hvd_res, mwms_res):
         assert [r["rank"] for r in res] == [0, 1] and all(r["img_per_s"] > 0 for r in res)
         # gradients averaged: both workers hold the same weights

@@ -69,8 +69,8 @@ def test_two_engines_train_in_lockstep_on_disjoint_shards(cluster, hvd_tfrecords
 def test_emulated_step_waits_for_the_device_and_averages_across_engines(cluster, hvd_tfrecords):
     from dataclasses import asdict
 
+    from chexnet_utils.bench.engine_steps import StepConfig
     from chexnet_utils.bench.scaling import throughput_on_engine
-    from chexnet_utils.bench.steptimer import StepConfig
 
     cfg = asdict(StepConfig(tfrecords=str(hvd_tfrecords), pipeline="new", image_size=32,
                             batch_size=4, warmup_steps=1, steps=4, accelerator_ms=50))

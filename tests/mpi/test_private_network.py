@@ -37,7 +37,7 @@ OTHER_UID = 4242
 # waits for the test to look from outside before it stops both.
 INSIDE = r"""
 import json, subprocess, sys
-from chexnet_utils.bench import steptimer
+from chexnet_utils.bench import engine_steps
 from chexnet_utils.cluster.distributed import MPICluster
 from chexnet_utils.input.tfdata_service import TFDataService
 from chexnet_utils.platform.ports import free_ports
@@ -45,7 +45,7 @@ from tests.support.listeners import ss_listeners
 
 with MPICluster(n=2) as cluster, TFDataService(num_workers=1) as svc:
     mwms_ports = free_ports(2)
-    mwms = cluster.run(steptimer.mwms_setup_on_engine, mwms_ports)[0]  # first TF work there
+    mwms = cluster.run(engine_steps.mwms_setup_on_engine, mwms_ports)[0]  # first TF work there
     ranks = cluster.run(lambda: __import__("os").environ.get("OMPI_COMM_WORLD_RANK"))
     pids = sorted(cluster.pids() | set(svc.pids))
     print(json.dumps({"pids": pids, "ranks": ranks, "exposure": svc.exposure,

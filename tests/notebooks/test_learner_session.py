@@ -244,9 +244,14 @@ def test_run_all_cells_of_notebook_00_shows_outputs_and_no_error(session: Sessio
         assert (heading.inner_text().strip().rstrip("¶").strip()
                 == notebook_title(lab.root_dir / path))
         assert page.locator('.jp-SideBar .lm-TabBar-tab[title="IPython Parallel"]').count() == 1
+        # the committed notebook says how many code cells there are; JupyterLab attaches them
+        # to the page in idle time after opening (windowing "defer"), so wait for them all
+        n_code = sum(c["cell_type"] == "code"
+                     for c in json.loads((lab.root_dir / path).read_text())["cells"])
+        wait_until(lambda: len(prompts(page)) == n_code, 30,
+                   f"the {n_code} code cells of notebook 00 on the page", lab)
         t0 = time.monotonic()
         menu(page, "Run", "runmenu:run-all")
-        n_code = len(prompts(page))
         # the cells run in order, and Run All stops at an error: the last one tells
         wait_until(lambda: re.fullmatch(r"\[\d+\]:", prompt(page, n_code - 1))
                    or (not session_kernel(lab, path, ("busy",)) and errors_in_page(page)),

@@ -1,6 +1,6 @@
 """The typed results of ``bench pipelines`` and ``bench service`` (issue #28 item 4):
 :class:`~chexnet_utils.bench.benchmark.PipelinesResult`,
-:class:`~chexnet_utils.bench.bench_pipeline.DecodeCeiling` and
+:class:`~chexnet_utils.bench.throughput.DecodeCeiling` and
 :class:`~chexnet_utils.bench.service.ServiceResult` built from known numbers: their derived
 figures, their tables, their JSON (the keys of the former dicts), and the two commands that
 print and write them. No TensorFlow: the measurements themselves are in tests/tf."""
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from chexnet_utils.bench.bench_pipeline import DecodeCeiling
 from chexnet_utils.bench.benchmark import PipelinesResult
 from chexnet_utils.bench.service import ServiceResult
+from chexnet_utils.bench.throughput import DecodeCeiling
 from chexnet_utils.cli import main
 from chexnet_utils.platform.atomic import json_safe
 

@@ -173,12 +173,12 @@ def test_another_interface_up_in_a_private_namespace_is_refused():
 
 
 def test_mwms_server_refuses_before_tensorflow_starts_it(outside, monkeypatch):
-    from chexnet_utils.bench import steptimer
+    from chexnet_utils.bench import engine_steps
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(SharedHostError, match="MultiWorkerMirroredStrategy server"):
-        steptimer.mwms_setup_on_engine([12345, 12346])
-    assert "TF_CONFIG" not in os.environ and not steptimer._MWMS
+        engine_steps.mwms_setup_on_engine([12345, 12346])
+    assert "TF_CONFIG" not in os.environ and not engine_steps._MWMS
 
 
 def test_the_private_network_command_needs_root_only_for_nothing(monkeypatch):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from chexnet_utils.bench import gpu_node
-from chexnet_utils.bench.steptimer import StepConfig
+from chexnet_utils.bench.engine_steps import StepConfig
 from chexnet_utils.cli import main
 from chexnet_utils.hardware import devices, gpu_monitor, gpu_topology
 from chexnet_utils.model import accelerator

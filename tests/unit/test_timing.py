@@ -1,5 +1,5 @@
 """The stopwatch shared by the input-pipeline benchmarks (chexnet_utils.platform.timing) and the
-one engine StepConfig (chexnet_utils.bench.steptimer): pure Python, no TensorFlow."""
+one engine StepConfig (chexnet_utils.bench.engine_steps): pure Python, no TensorFlow."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from chexnet_utils.bench.steptimer import StepConfig
+from chexnet_utils.bench.engine_steps import StepConfig
 from chexnet_utils.platform.timing import (
     RunMean,
     Window,
