@@ -308,15 +308,14 @@ def _add_bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         add_config_options(b, command.function, command.options)
         b.add_argument("--json", type=Path, required=command.json_required, default=None,
                        help="write the results here")
-        b.set_defaults(handler=_cmd_bench)
+        b.set_defaults(handler=_cmd_bench, bench_run=command.run)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    """Run ``bench <name>``: print its result (the table) and write its ``--json``; an int
-    from the command is its exit code (it cannot run here, and said why)."""
-    from chexnet_utils.bench.registry import bench_commands
-
-    result = bench_commands()[args.bench_command].run(args, _progress)
+    """Run ``bench <name>`` (its ``COMMAND.run``, put on ``args`` by the parser): print its
+    result (the table) and write its ``--json``; an int from the command is its exit code (it
+    cannot run here, and said why)."""
+    result = args.bench_run(args, _progress)
     if isinstance(result, int):
         return result
     print(result)

@@ -114,7 +114,6 @@ from chexnet_utils.training.dataparallel import (
     LrScaling,
     Recipe,
     init_world,
-    scaled_learning_rate,
 )
 from chexnet_utils.training.horovod_keras import weights_sha256
 from chexnet_utils.training.splits import (
@@ -398,8 +397,8 @@ def _callbacks(cfg: TrainConfig, splits: _Splits, state: dict[str, Any], loss_fn
         cbs += [cb.RankAgreement(after_steps=2), cb.MetricAverage()]
         warmup_steps = int(round(cfg.warmup_epochs * splits.steps))
         if cfg.scale_lr and size > 1 and warmup_steps > 0:
-            cbs.append(cb.Warmup(cfg.learning_rate, scaled_learning_rate(
-                cfg.learning_rate, size, cfg.lr_scaling), warmup_steps))
+            cbs.append(cb.Warmup(cfg.learning_rate, Recipe.of(cfg).worker_learning_rate(size),
+                                 warmup_steps))  # up to the rate the optimizer was built at
     if splits.val_files:
         cbs.append(cb.Validation(eval_dataset(splits.val_files, cfg.batch_size,
                                               cfg.image_size, cfg.antialias),
