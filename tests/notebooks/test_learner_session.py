@@ -66,8 +66,14 @@ CLUSTER_CELL = ("from chexnet_utils.cluster.distributed import MPICluster\n\n"
 # `wait_for_output(remaining)`; seen on a loaded machine: rank 1's line shown, rank 0's not).
 # So the cell flushes its line first and keeps running 3 s: the output streams in while the
 # cell is still running, as it does in every real %%px cell that trains.
+# And it waits 1 s before it prints: output that reaches the kernel before `%%px` has
+# registered its streaming callbacks is replayed by AsyncResult.stream_output() as messages
+# without a parent header, so every engine's replay gets the one display id "-stdout" and the
+# second replaces the first (client/asyncresult.py, `display_id =
+# f"{parent_msg_id}-{stream_name}"`; seen in CI: only "[stdout:1]" on the page).
 HELLO_CELL = ("%%px\nimport os\nimport time\n\n"
               "from chexnet_utils.cluster.distributed import mpi_rank\n\n"
+              "time.sleep(1)\n"
               "print(f\"rank {mpi_rank()} says hello from pid {os.getpid()}\", flush=True)\n"
               "time.sleep(3)")
 LONG_CELL = ("%%px\nimport time\n\nprint(f\"rank {mpi_rank()} at work\", flush=True)\n"
