@@ -29,8 +29,11 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -232,10 +235,6 @@ def run_private(args: list[str], port: int | None = None) -> int:
     on loopback as without ``--private``: everything but the servers of notebooks 06 and 07
     works, and those refuse to start with their own line (the gate fails closed). Returns the
     lab's exit status."""
-    import secrets
-    import shutil
-    import tempfile
-
     from chexnet_utils.platform.exposure import namespace_problem, private_network_command
     from chexnet_utils.platform.forward import UnixForwarder
 

@@ -5,6 +5,9 @@ worker processes side by side (``python -m chexnet_utils bench conversion``) and
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -13,8 +16,12 @@ from typing import Any
 from chexnet_utils.bench.registry import BenchCommand
 from chexnet_utils.data.tfrecords.convert import convert_dataset
 from chexnet_utils.hardware.devices import usable_cores
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.options import Option, default_of, option_values, shown_default
 from chexnet_utils.platform.timing import mean_std, ratio
+
+# TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+tf = lazy_module("tensorflow")
 
 __all__ = ["COMMAND", "OPTIONS", "ConversionRuns", "ConversionThroughput", "bench_conversion",
            "decode_ms", "image_sizes"]
@@ -97,9 +104,6 @@ def bench_conversion(data_dir: Path | str, work_dir: Path | str,
     per image size (``runs["original"]``, ``runs["320"]``) the images/s of every run per
     worker count, their means and ``speedup`` = mean(N workers) / mean(1 worker).
     """
-    import shutil
-    import tempfile
-
     cores = usable_cores()
     counts = list(workers) if workers else sorted({1, int(cores or 1)})
     work_dir = Path(work_dir)
@@ -135,10 +139,6 @@ def decode_ms(tfrecords_dir: Path | str, image_size: int, n: int = 40,
     Comparing a full-size and a resized conversion shows what resizing at conversion saves.
     Raises ``ValueError`` when ``n`` < 1 or the split has no record.
     """
-    import time
-
-    import tensorflow as tf
-
     from chexnet_utils.data.tfrecords.images import decode_image
     from chexnet_utils.data.tfrecords.verify import list_shards
     from chexnet_utils.data.tfrecords.wire import parse_example

@@ -31,8 +31,13 @@ from chexnet_utils.comm.collectives import (
 from chexnet_utils.comm.timeline import record_timeline
 from chexnet_utils.input.pipelines import Pipeline
 from chexnet_utils.model.architectures import Architecture
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.timing import barrier_windows
 from chexnet_utils.training.horovod_keras import weights_sha256
+
+# Keras, TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+keras = lazy_module("keras")
+tf = lazy_module("tensorflow")
 
 
 @dataclass(frozen=True)
@@ -97,8 +102,6 @@ class StepConfig:
 
 
 def _synthetic_batch(c: StepConfig, rank: int) -> tuple[Any, Any]:
-    import tensorflow as tf
-
     from chexnet_utils.data.labels import NUM_CLASSES
 
     rng = np.random.default_rng([c.seed, rank])
@@ -141,9 +144,6 @@ def hvd_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
     really averaged) and ``update_norm``, how far the weights moved (the same for any back
     end that averages the same gradients).
     """
-    import keras
-    import tensorflow as tf
-
     from chexnet_utils.model.models import build_chexnet
     from chexnet_utils.training.dataparallel import broadcast_initial_state, init_world
 
@@ -257,7 +257,6 @@ def mwms_setup_on_engine(ports: Sequence[int], implementation: str = "ring") -> 
     from chexnet_utils.platform.exposure import require_private_network
 
     exposure = require_private_network("MultiWorkerMirroredStrategy server")
-    import tensorflow as tf
 
     quiet_tensorflow()
     key = ",".join(str(p) for p in ports)
@@ -319,9 +318,6 @@ def mwms_throughput_on_engine(cfg: StepConfig | Mapping[str, Any] | None = None,
     all-reduce: together, the average (a hand-written loss must be divided by
     ``strategy.num_replicas_in_sync`` itself).
     """
-    import keras
-    import tensorflow as tf
-
     from chexnet_utils.model.models import build_chexnet
 
     if "strategy" not in _MWMS:

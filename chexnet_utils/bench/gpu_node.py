@@ -34,8 +34,13 @@ from chexnet_utils.bench.scaling import efficiency, prepare_data_parallel_model
 from chexnet_utils.comm.collectives import barrier
 from chexnet_utils.input.pipelines import Pipeline
 from chexnet_utils.model.architectures import FULL_SIZE_ARCHITECTURES, Architecture
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.options import Option, option_values
 from chexnet_utils.platform.timing import barrier_windows
+
+# Horovod, Keras: imported on first use (chexnet_utils.platform.lazy)
+hvd = lazy_module("horovod.tensorflow")
+keras = lazy_module("keras")
 
 ARTICLE_GPU_COUNTS = (1, 2, 3, 4, 8)
 """The GPU counts of the Dell articles' figure (two PowerEdge C4140 nodes, 4 V100 each)."""
@@ -121,7 +126,6 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
         local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
         bind_this_process(c.rank_cpus[local])
 
-    import keras
 
     from chexnet_utils.data.tfrecords import list_shards
     from chexnet_utils.input.pipelines import build_pipeline, training_feed
@@ -139,7 +143,6 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
                         c.image_size, training=True, num_workers=size, worker_index=rank,
                         seed=c.seed, **shuffle)
     it = iter(training_feed(c.pipeline, ds, sw.device_feed))  # as train() feeds it
-    import horovod.tensorflow as hvd
 
     seconds, wall0 = barrier_windows(lambda: model.train_on_batch(*next(it)),
                                      lambda: barrier(hvd, "gpu_bench_barrier"), c.steps,

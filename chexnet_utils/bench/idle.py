@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.data.labels import NUM_CLASSES
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.timing import (
     RunMean,
     alternating,
@@ -42,6 +43,10 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
+# Keras: imported on first use (chexnet_utils.platform.lazy)
+if not TYPE_CHECKING:
+    keras = lazy_module("keras")
+
 __all__ = ["FedTrainingResult", "TrainingResult", "compare_training", "probe_model",
            "synthetic_rate", "time_training", "train_step_fn"]
 
@@ -54,8 +59,6 @@ def probe_model(image_size: int, seed: int = 0) -> keras.Model:
     """A small CPU-sized CNN for measuring idle time: 3 strided convolutions, global
     pooling, 14 sigmoid outputs, binary cross-entropy, Adam. Stands in for CheXNet
     (DenseNet-121), which would take seconds per step on a CPU and hide the pipeline."""
-    import keras
-
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([
         keras.Input((image_size, image_size, 3)),

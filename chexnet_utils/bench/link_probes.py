@@ -34,6 +34,10 @@ from chexnet_utils.comm.collectives import (
     init_horovod,
     quiet_tensorflow,
 )
+from chexnet_utils.platform.lazy import lazy_module
+
+# TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+tf = lazy_module("tensorflow")
 
 TCP_PORT = 5201
 """The port of the TCP transfer (inside the namespaces: nothing else listens there)."""
@@ -55,7 +59,6 @@ def _read_counters(iface: str) -> tuple[int, int]:
 def _probe(args: argparse.Namespace) -> int:
     """One rank: counters around ``count_iters`` allreduces, then a timed sweep."""
     quiet_tensorflow()
-    import tensorflow as tf
 
     hvd = init_horovod()
     iface = _link_iface()

@@ -29,11 +29,15 @@ from chexnet_utils.input.pipelines import (
     PIPELINES,
     build_pipeline,
 )
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.options import Option, option_values
 from chexnet_utils.platform.timing import first_batch, idle_fraction, mean_std, ratio
 
 if TYPE_CHECKING:
     import keras
+
+# TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+tf = lazy_module("tensorflow")
 
 __all__ = ["COMMAND", "OPTIONS", "PipelinesResult", "bench_pipelines"]
 
@@ -208,8 +212,6 @@ def bench_pipelines(tfrecords_dir: Path | str, image_size: int = 224, batch_size
     each pipeline's ``accel_wait_fraction`` (:func:`accel_wait_fraction`, ``n_batches`` steps
     of an accelerator taking that many ms per batch; ``None`` without).
     """
-    import tensorflow as tf
-
     from chexnet_utils.data.tfrecords import list_shards
 
     say = log or (lambda _msg: None)

@@ -27,23 +27,32 @@ Two kinds of worker are measured:
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from chexnet_utils.bench.engine_steps import StepConfig
 from chexnet_utils.bench.registry import BenchCommand, full_size_tfrecords, tfrecords_argument
 from chexnet_utils.comm.collectives import barrier
 from chexnet_utils.input.pipelines import Pipeline
 from chexnet_utils.model.architectures import Architecture
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.options import Option, option_values
 from chexnet_utils.platform.timing import barrier_windows, mean_std
 from chexnet_utils.training.dataparallel import Recipe
 
 if TYPE_CHECKING:
     from chexnet_utils.cluster.distributed import MPICluster
+
+# Horovod, Keras, TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+hvd = lazy_module("horovod.tensorflow")
+keras = lazy_module("keras")
+tf = lazy_module("tensorflow")
 
 
 SHUFFLE_BUFFER = 32
@@ -66,8 +75,6 @@ def prepare_data_parallel_model(model: Any, size: int, jit_compile: bool = False
     learning rate for ``size`` workers, the same gradient averager), with the weighted BCE
     (flat weights: they change no timing), and broadcast rank 0's initial state, as
     :func:`chexnet_utils.training.train` does with ``distributed=True``."""
-    import numpy as np
-
     from chexnet_utils.data.labels import NUM_CLASSES
     from chexnet_utils.model.models import WeightedBCE
     from chexnet_utils.training.dataparallel import broadcast_initial_state
@@ -88,8 +95,6 @@ def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
     clock starts and stops at a barrier (an allreduce), so every worker reports the same
     interval. Returns this worker's rank, the world size and the images/s of the whole job.
     """
-    import keras
-
     from chexnet_utils.data.tfrecords import list_shards
     from chexnet_utils.input.pipelines import build_pipeline
     from chexnet_utils.model.models import build_chexnet
@@ -97,8 +102,6 @@ def throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]:
 
     c = StepConfig.of(cfg)
     rank, size = init_world(True)
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
 
     keras.utils.set_random_seed(c.seed)
     model = build_chexnet(c.arch, c.image_size)
@@ -149,8 +152,6 @@ def effective_engine_env(cluster: MPICluster) -> dict[str, str]:
     :meth:`~chexnet_utils.cluster.distributed.MPICluster.env_overrides`: thread budget, MPI
     yielding and the caller's ``env``), restricted to :data:`ENV_PREFIXES`. Recorded with every
     :func:`bench_scaling` result, so two results that differ in e.g. MPI spinning say so."""
-    import os
-
     merged = {**os.environ, **cluster.env_overrides()}
     return {k: v for k, v in sorted(merged.items()) if k.startswith(ENV_PREFIXES)}
 

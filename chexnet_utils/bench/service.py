@@ -34,6 +34,7 @@ from chexnet_utils.input.tfdata_service import (
     role_command,
 )
 from chexnet_utils.model.architectures import Architecture
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.options import Option, option_values
 from chexnet_utils.platform.processes import set_parent_death_signal
 from chexnet_utils.platform.timing import RunMean, batch_len, block, ratio
@@ -41,6 +42,11 @@ from chexnet_utils.training.dataparallel import Recipe
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+# Keras, TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+keras = lazy_module("keras")
+if not TYPE_CHECKING:
+    tf = lazy_module("tensorflow")
 
 __all__ = ["COMMAND", "OPTIONS", "ServiceResult", "bench_service", "trainer_run"]
 
@@ -231,8 +237,6 @@ def trainer_run(tfrecords_dir: str, target: str, image_size: int = 128, batch_si
     ``n_files``, ``model`` and ``arch`` as a dict: the trainer process prints it as one JSON
     line, from which :func:`bench_service` builds its :class:`ServiceResult`.
     """
-    import keras
-
     from chexnet_utils.bench.idle import synthetic_rate, train_step_fn
     from chexnet_utils.bench.throughput import time_pipeline
     from chexnet_utils.data.tfrecords import list_shards
@@ -349,7 +353,6 @@ def _trainer_main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     set_parent_death_signal(signal.SIGKILL, a.parent)
     os.sched_setaffinity(0, {int(c) for c in a.cpus.split(",")})
-    import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)

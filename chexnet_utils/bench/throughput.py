@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.hardware.devices import usable_cores
 from chexnet_utils.input.pipelines import Files, preprocess
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.timing import (
     RunMean,
     alternating,
@@ -39,6 +40,10 @@ from chexnet_utils.platform.timing import (
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+# TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+if not TYPE_CHECKING:
+    tf = lazy_module("tensorflow")
 
 __all__ = ["DecodeCeiling", "ThroughputResult", "compare_pipelines", "decode_ceiling",
            "records_per_file", "shard_counts", "time_pipeline"]
@@ -215,8 +220,6 @@ def decode_ceiling(files: Files, image_size: int, n_images: int = 64, repeats: i
     properties ``img_per_s_single_core`` (the best pass) and ``ceiling_img_per_s`` (their
     product).
     """
-    import tensorflow as tf
-
     from chexnet_utils.data.tfrecords import parse_example
 
     records = list(tf.data.TFRecordDataset([str(f) for f in files]).take(n_images)
@@ -272,8 +275,6 @@ def decode_ceiling(files: Files, image_size: int, n_images: int = 64, repeats: i
 
 def records_per_file(files: Files) -> list[int]:
     """Number of records in each TFRecord file (read by TensorFlow, nothing decoded)."""
-    import tensorflow as tf
-
     return [int(tf.data.TFRecordDataset(str(f)).reduce(tf.constant(0, tf.int64),
                                                        lambda n, _: n + 1))
             for f in files]

@@ -5,8 +5,6 @@
   notebook (notebooks 04-07);
 - :mod:`~chexnet_utils.cluster.engine_interrupts`: what the notebook's Interrupt does to tasks
   running on engines, made bounded;
-- :mod:`~chexnet_utils.cluster.remote_engines`: engines on other hosts: the controller on one
-  interface, CurveZMQ on, keys kept private;
 - :mod:`~chexnet_utils.cluster.slurm`: talking to a Slurm cluster: submit a batch job, read its
   state, wait for it;
 - :mod:`~chexnet_utils.cluster.slurm_local`: a real Slurm on this one machine (``munged``,

@@ -23,9 +23,12 @@ from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from chexnet_utils.hardware.devices import cpu_thread_budget, usable_cores
 from chexnet_utils.platform.atomic import make_private
 from chexnet_utils.platform.exposure import check_listen_address
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.processes import (
     LIFELINE_ENV,
     lifeline_tokens,
@@ -41,6 +44,9 @@ from chexnet_utils.platform.root import ROOT_SWITCHES, root_switches
 
 if TYPE_CHECKING:
     from traitlets.config import Config
+
+# Horovod: imported on first use (chexnet_utils.platform.lazy)
+hvd = lazy_module("horovod.tensorflow")
 
 BIND_TO_ONE_CORE = ("core", "hwthread")
 """``--bind-to`` values that give each rank a single core (or hardware thread)."""
@@ -170,8 +176,6 @@ def rank_info() -> dict[str, object]:
 
     Returns rank, size, local rank, local size, host name, pid and the placement. Run it in
     every process (``mpirun -np N python -m chexnet_utils whoami``, or on ipyparallel engines)."""
-    import horovod.tensorflow as hvd
-
     from chexnet_utils.hardware.devices import pin_process
 
     hvd.init()
@@ -294,7 +298,7 @@ class MPICluster:
     * The controller listens on **loopback** (``127.0.0.1``) unless you name the address of
       an interface (``controller_ip=``, and ``location=`` the address engines should use);
       off loopback CurveZMQ encryption is on (``curve=None``: on exactly then; see
-      :mod:`chexnet_utils.cluster.remote_engines`). Its connection files live in a private folder
+      ``tests/support/remote_engines.py``). Its connection files live in a private folder
       (mode 0700, files 0600) that is deleted at teardown.
     * As root, Open MPI's allow-root switches are set for ``mpiexec``; every engine gets a
       CPU thread budget of ``cores // n`` (see :func:`mpi_env_overrides`).
@@ -530,8 +534,6 @@ class MPICluster:
     def _track(self, pid: int, with_children: bool = True) -> None:
         """Remember process ``pid`` (and, with ``with_children``, every process below it) as
         ``psutil.Process`` objects, captured now."""
-        import psutil
-
         try:
             proc = self._tracked.get(pid) or psutil.Process(pid)
             self._tracked.setdefault(pid, proc)
@@ -604,8 +606,6 @@ class MPICluster:
 
     def kill_engine(self, rank: int) -> int:
         """SIGKILL the engine of MPI rank ``rank`` (fault drills); returns its pid."""
-        import psutil
-
         pid = self.engine_pids[self._ranks.index(rank)]
         psutil.Process(pid).kill()
         return pid

@@ -20,6 +20,7 @@ dial) and ``profile_parent`` (a folder on the shared file system, e.g. in ``$HOM
 
 from __future__ import annotations
 
+import getpass
 import os
 import shlex
 import socket
@@ -131,8 +132,6 @@ class SlurmCluster(MPICluster):
         """The ``scancel`` that ends this cluster's job whatever its state, by the job name
         ipyparallel gives it (``ipengine-<cluster id>``) and this user; with ``SLURM_CONF``
         when a ``slurm_conf`` was given."""
-        import getpass
-
         assert self.cluster is not None, "the ipyparallel cluster does not exist yet"
         conf = ["env", f"SLURM_CONF={self.slurm_conf}"] if self.slurm_conf else []
         return [*conf, "scancel", f"--name=ipengine-{self.cluster.cluster_id}",

@@ -73,6 +73,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import psutil
+
 from chexnet_utils.cluster import slurm as S
 from chexnet_utils.cluster.slurm_access import (
     check_state_dir,
@@ -325,8 +327,6 @@ class LocalSlurm:
     def _ports_taken(self) -> list[int]:
         """This Slurm's ports that another program holds: a test bind fails and the daemon
         does not listen there (slurmctld would retry for about 10 s, then exit)."""
-        import psutil
-
         taken = []
         for port in self.ports:
             with socket.socket() as probe:
@@ -419,8 +419,6 @@ class LocalSlurm:
     def processes(self) -> list[int]:
         """Pids of every live process of this Slurm: the daemons, the ``slurmstepd`` that
         carry its ``SLURM_CONF``, and all their descendants (job scripts, tasks)."""
-        import psutil
-
         found = set()
         for name, pid in self.daemon_pids.items():  # a stale pids.json: the pid may be reused
             try:

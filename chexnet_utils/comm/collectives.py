@@ -37,6 +37,7 @@ on only some workers would hang.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -108,8 +109,6 @@ def init_horovod() -> Any:
 
 
 def quiet_tensorflow() -> None:
-    import logging
-
     import tensorflow as tf
 
     tf.get_logger().setLevel(logging.ERROR)

@@ -16,17 +16,21 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import psutil
+
 from chexnet_utils.comm.collectives import allreduce_burst_times
+from chexnet_utils.platform.lazy import lazy_module
+
+# Horovod, TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+hvd = lazy_module("horovod.tensorflow")
+tf = lazy_module("tensorflow")
 
 
 def ps_and_ring_once() -> dict[str, Any]:
     """On every engine at once: average ``x = [0, 1, ..., 5] x (rank + 1)`` with
     :func:`chexnet_utils.comm.collectives.ps_average` (gather to rank 0, average, broadcast) and
     with ``hvd.allreduce(x, op=hvd.Average)``; both must give the same mean."""
-    import horovod.tensorflow as hvd
-    import numpy as np
-    import tensorflow as tf
-
     from chexnet_utils.comm.collectives import ps_average
 
     hvd.init()
@@ -49,8 +53,6 @@ def run_bursts(cluster: Any, bursts: Mapping[str, Sequence[int]], repeats: int,
 def idle_cpu_percent(pids: Iterable[int], seconds: float = 2.0) -> list[float]:
     """Percent of one core each process of ``pids`` used over the next ``seconds`` (the
     measurement window; the caller makes sure the processes have nothing to do)."""
-    import psutil
-
     procs = [psutil.Process(pid) for pid in pids]
     for p in procs:
         p.cpu_percent()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -179,8 +180,6 @@ def short_tensor_name(name: str, width: int = 32) -> str:
     gradient's op names>_<i>of<n>``: shown as ``group member i/n``; the barrier-like eager
     allreduce (``HorovodAllreduce``) as is; anything else cut to ``width`` characters.
     """
-    import re
-
     m = re.search(r"_(\d+)of(\d+)$", name)
     if name.startswith("HorovodGrouped") and m:
         return f"group member {m.group(1)}/{m.group(2)}"

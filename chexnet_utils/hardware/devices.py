@@ -9,7 +9,7 @@ oversubscribe the cores.
 
 Must be called before TensorFlow creates any tensor (devices cannot change afterwards).
 
-How many workers a node gets (:func:`worker_plan`, :func:`workers_for_node`): one per
+How many workers a node gets (:func:`worker_plan`): one per
 *visible* GPU when there are GPUs (``CUDA_VISIBLE_DEVICES`` decides which are visible, as it
 does for CUDA itself; :func:`visible_gpus`), else one per usable core, up to the scale's
 ``max_workers``. Counting GPUs here needs no TensorFlow: NVML (``nvidia-ml-py``) or
@@ -25,6 +25,11 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from chexnet_utils.platform.lazy import lazy_module
+
+# TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+tf = lazy_module("tensorflow")
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,6 @@ def pin_process(local_rank: int, local_size: int, memory_growth: bool = True) ->
     so the process does not reserve the whole card. Raises ``RuntimeError`` if there are
     fewer GPUs than local processes (that would put two processes on one GPU).
     """
-    import tensorflow as tf
-
     if not 0 <= local_rank < local_size:
         raise ValueError(f"local_rank {local_rank} outside 0..{local_size - 1}")
     gpus = tf.config.list_physical_devices("GPU")
@@ -79,7 +82,7 @@ def pin_process(local_rank: int, local_size: int, memory_growth: bool = True) ->
                 f"{local_size} processes on this node but only {len(gpus)} GPU(s) visible "
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}):"
                 f" start one process per GPU (mpirun -np {len(gpus)} per node; "
-                f"devices.workers_for_node counts them)")
+                f"devices.worker_plan counts them)")
         gpu = gpus[local_rank]
         tf.config.set_visible_devices(gpu, "GPU")
         if memory_growth:
@@ -300,9 +303,3 @@ def worker_plan(max_workers: int, min_workers: int = 1, gpus: int | None = None,
                       f"{gpus} GPU(s) visible, fewer than the {min_workers} workers needed: "
                       f"{n} CPU worker(s) on {cores} core(s), GPUs hidden from them",
                       {"CUDA_VISIBLE_DEVICES": ""})
-
-
-def workers_for_node(max_workers: int, min_workers: int = 1, gpus: int | None = None,
-                     cores: int | None = None) -> int:
-    """Number of workers :func:`worker_plan` chooses (visible GPUs, else usable cores)."""
-    return worker_plan(max_workers, min_workers, gpus, cores).n

@@ -19,6 +19,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from chexnet_utils.hardware.devices import usable_cores
+from chexnet_utils.platform.lazy import lazy_module
+
+# Keras: imported on first use (chexnet_utils.platform.lazy)
+keras = lazy_module("keras")
 
 PACKAGES: tuple[str, ...] = (
     "tensorflow-cpu",
@@ -88,7 +92,6 @@ def tensorflow_facts() -> dict[str, Any]:
         import tensorflow as tf
     except Exception as e:
         return {"tensorflow": None, "error": f"{type(e).__name__}: {e}"}
-    import keras
 
     gpus = tf.config.list_physical_devices("GPU")
     return {

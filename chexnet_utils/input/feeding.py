@@ -26,15 +26,21 @@ enough:
 
 from __future__ import annotations
 
+import glob
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chexnet_utils.input.pipelines import AUTOTUNE, Files, example_fn
+from chexnet_utils.platform.lazy import lazy_module
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+# TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+if not TYPE_CHECKING:
+    tf = lazy_module("tensorflow")
 
 __all__ = [
     "cache_bytes",
@@ -54,8 +60,6 @@ def cache_bytes(n_images: int, image_size: int, channels: int = 3, dtype_bytes: 
 
 def _decoded(files: Files, image_size: int, with_names: bool) -> tf.data.Dataset:
     """Records of ``files`` -> ``(image, label[, name])`` decoded and normalised, unflipped."""
-    import tensorflow as tf
-
     fn = example_fn(image_size, False, None, with_names, antialias=False, batched=False)
     ds = tf.data.Dataset.from_tensor_slices([str(f) for f in files])
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=AUTOTUNE,
@@ -64,8 +68,6 @@ def _decoded(files: Files, image_size: int, with_names: bool) -> tf.data.Dataset
 
 
 def _flip(*element: Any) -> tuple[Any, ...]:
-    import tensorflow as tf
-
     return (tf.image.random_flip_left_right(element[0]), *element[1:])
 
 
@@ -114,8 +116,6 @@ def list_files_pipeline(pattern: str, batch_size: int, image_size: int,
     or a ``seed`` every worker shares: see :func:`list_files_shard_overlap`. With
     ``decode=False`` the elements are the image names only (for counting).
     """
-    import tensorflow as tf
-
     from chexnet_utils.data.tfrecords import parse_example
 
     files = tf.data.Dataset.list_files(pattern, shuffle=shuffle, seed=seed)
@@ -144,8 +144,6 @@ def list_files_shard_overlap(pattern: str, num_workers: int = 2, shuffle: bool =
     ``duplicated`` (examples read by more than one worker, counted once each), ``missed``
     (never read), and the same for files.
     """
-    import glob
-
     from chexnet_utils.data.tfrecords import read_examples
 
     seeds = list(seeds) if seeds is not None else list(range(num_workers))
@@ -176,8 +174,6 @@ def with_options(dataset: tf.data.Dataset, ram_budget_mb: int | None = None,
     spend on buffers), ``threading.private_threadpool_size`` (the pipeline's own threads:
     at most this many parallel map calls run at once, so 1 = one decoding core; isolates a
     pipeline from the training step's threads), ``autotune.enabled``."""
-    import tensorflow as tf
-
     opts = tf.data.Options()
     if ram_budget_mb is not None:
         opts.autotune.ram_budget = int(ram_budget_mb) * 1024 * 1024

@@ -63,9 +63,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from chexnet_utils.data.labels import NUM_CLASSES
 from chexnet_utils.platform.checks import require_at_least
+from chexnet_utils.platform.lazy import lazy_module
 
 if TYPE_CHECKING:  # TensorFlow is imported lazily: ``import chexnet_utils`` stays cheap.
     import tensorflow as tf
+
+# TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+if not TYPE_CHECKING:
+    tf = lazy_module("tensorflow")
 
 __all__ = [
     "AUTOTUNE",
@@ -135,8 +140,6 @@ def decode_resize(image_bytes: Any, image_size: int, antialias: bool = False) ->
     for accuracy on real data and the CPU has headroom. Both pipelines pass it through, so
     they always preprocess identically.
     """
-    import tensorflow as tf
-
     img = tf.io.decode_image(image_bytes, channels=1, dtype=tf.uint8, expand_animations=False)
     img = tf.ensure_shape(img, [None, None, 1])
     img = tf.image.resize(img, [image_size, image_size], method="bilinear",
@@ -153,8 +156,6 @@ def normalize(grey: Any) -> tf.Tensor:
     ``(0.502 - 0.485) / 0.229 = 0.074`` in R, ``0.205`` in G and ``0.426`` in B. Works on one
     image ``[S, S, 1]`` and on a batch ``[B, S, S, 1]`` alike.
     """
-    import tensorflow as tf
-
     mean = tf.constant(IMAGENET_MEAN, tf.float32)
     std = tf.constant(IMAGENET_STD, tf.float32)
     x = tf.clip_by_value(tf.cast(grey, tf.float32), 0.0, 255.0) * (1.0 / 255.0)
@@ -174,8 +175,6 @@ def preprocess(image_bytes: Any, label: Any, image_size: int, training: bool,
     This is the single definition both pipelines use, so any difference in accuracy between
     them can only come from the order of examples, never from what the model sees.
     """
-    import tensorflow as tf
-
     image = normalize(decode_resize(image_bytes, image_size, antialias))
     if training:
         image = tf.image.random_flip_left_right(image, seed=seed)
@@ -197,8 +196,6 @@ def preprocess_batch(image_bytes: Any, labels: Any, image_size: int, training: b
     when decoding a 1024 px PNG dominates. Gives exactly the same values as :func:`preprocess`
     image by image (up to the random flips).
     """
-    import tensorflow as tf
-
     grey = tf.map_fn(lambda b: decode_resize(b, image_size, antialias), image_bytes,
                      fn_output_signature=tf.TensorSpec([image_size, image_size, 1], tf.float32))
     images = normalize(grey)
@@ -246,8 +243,6 @@ def _old_approach_options() -> tf.data.Options:
     off (it is on by default in TF 2.x and would parallelise the sequential map whenever the
     mapped function is stateless, i.e. in evaluation mode). Everything else stays TF's
     default; ``inject_prefetch`` has nothing to do (the pipeline ends in a prefetch)."""
-    import tensorflow as tf
-
     options = tf.data.Options()
     options.experimental_optimization.map_parallelization = False
     return options
@@ -302,8 +297,6 @@ def old_approach(files: Files, batch_size: int, image_size: int, training: bool 
     evaluation. Evaluation (``training=False``) does not shuffle or flip and keeps the last
     partial batch. The order of examples is deterministic (everything is sequential).
     """
-    import tensorflow as tf
-
     names = _check_common(files, batch_size, image_size, num_workers, worker_index)
     repeat = training if repeat is None else repeat
     ds = tf.data.TFRecordDataset(names)
@@ -375,8 +368,6 @@ def new_approach(files: Files, batch_size: int, image_size: int, training: bool 
     antialias
         Antialiased resize (see :func:`decode_resize`).
     """
-    import tensorflow as tf
-
     names = _check_common(files, batch_size, image_size, num_workers, worker_index)
     repeat = training if repeat is None else repeat
     if len(names) < num_workers:
@@ -488,7 +479,6 @@ def to_accelerator(ds: tf.data.Dataset, device: str | None,
     """
     if device is None:
         return ds
-    import tensorflow as tf
 
     return ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size))
 

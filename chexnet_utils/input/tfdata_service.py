@@ -52,10 +52,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from chexnet_utils.platform.exposure import require_private_network
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.processes import set_parent_death_signal, stop_processes
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+# TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+if not TYPE_CHECKING:
+    tf = lazy_module("tensorflow")
 
 __all__ = [
     "PROCESSING_MODES",
@@ -316,8 +321,6 @@ def distribute(dataset: tf.data.Dataset, service: str, processing_mode: Processi
     uint8 data instead). ``job_name`` lets several trainers share one job (they then split
     the elements between them).
     """
-    import tensorflow as tf
-
     if processing_mode not in PROCESSING_MODES:
         raise ValueError(f"processing_mode must be one of {PROCESSING_MODES}, got "
                          f"{processing_mode!r}")
@@ -362,7 +365,6 @@ def _serve(args: argparse.Namespace) -> int:
     set_parent_death_signal(signal.SIGKILL, args.parent)
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
-    import tensorflow as tf
 
     svc = tf.data.experimental.service
     if args.role == "dispatcher":

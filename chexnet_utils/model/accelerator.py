@@ -57,8 +57,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chexnet_utils.platform.lazy import lazy_module
+
 if TYPE_CHECKING:
     import keras
+
+# Keras, TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+if not TYPE_CHECKING:
+    keras = lazy_module("keras")
+tf = lazy_module("tensorflow")
 
 ENV_MIXED_PRECISION = "CHEXNET_MIXED_PRECISION"
 ENV_XLA = "CHEXNET_XLA"
@@ -87,8 +94,6 @@ def parse_switch(value: str | bool | None, name: str = "switch") -> bool | None:
 def process_gpus() -> list[Any]:
     """GPUs TensorFlow will use in this process (after
     :func:`~chexnet_utils.hardware.devices.pin_process`: the one pinned GPU)."""
-    import tensorflow as tf
-
     return list(tf.config.get_visible_devices("GPU"))
 
 
@@ -167,8 +172,6 @@ def horovod_xla_blocker(has_gpu: bool, env: Mapping[str, str]) -> str | None:
 def policy_scope(mixed_precision: bool) -> Iterator[None]:
     """Keras' global dtype policy set to ``mixed_float16`` (or ``float32``) inside the block,
     restored afterwards: layers built (or models loaded) inside take that policy."""
-    import keras
-
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(MIXED_POLICY if mixed_precision else "float32")
     try:

@@ -14,6 +14,7 @@ the table and the problems (exit 1 if any).
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -179,8 +180,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the agenda check: ``[--times FILE] [--agenda FILE]`` (defaults: this checkout's
     last ``make test`` run, ``build/cell-times.json``, else the committed
     ``docs/cell-times.json``; ``docs/facilitator.md``)."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m chexnet_utils.notebook.agenda",
                                      description=main.__doc__)
     parser.add_argument("--times", type=Path, default=None)

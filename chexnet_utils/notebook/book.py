@@ -39,7 +39,11 @@ from chexnet_utils.notebook import results
 from chexnet_utils.notebook.run_record import describe_run, describe_runs, recorded_run
 from chexnet_utils.notebook.site_check import site_problems
 from chexnet_utils.platform.atomic import write_text_atomic
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.markdown import markdown_table
+
+# nbformat: imported on first use (chexnet_utils.platform.lazy)
+nbformat = lazy_module("nbformat")
 
 SOURCE_DIR = "book-src"
 SITE_DIR = "book"
@@ -153,8 +157,6 @@ def prepare_notebook(nb: Any, name: str, *, clean_name: str) -> list[str]:
     (and a warning box when its run did not finish), progress bars as text, links to
     repository files as downloads from :data:`REPO_FILES`; return those files' repository
     paths (for the project to copy)."""
-    import nbformat
-
     widgets_as_text(nb)
     linked: list[str] = []
 
@@ -280,8 +282,6 @@ def write_project(executed: Sequence[Path], src: Path, *, title: str,
                   data: Mapping[str, Mapping[str, Any]], repo_url: str | None,
                   root: Path) -> None:
     """Make the Sphinx project in ``src`` (emptied first) from the ``executed`` notebooks."""
-    import nbformat
-
     if src.exists():
         shutil.rmtree(src)
     src.mkdir(parents=True)

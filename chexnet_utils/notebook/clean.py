@@ -11,6 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from chexnet_utils.platform.lazy import lazy_module
+
+# nbformat: imported on first use (chexnet_utils.platform.lazy)
+nbformat = lazy_module("nbformat")
+
 CHECK_MARK = "NBVAL_CHECK_OUTPUT"
 VOLATILE_META = ("execution", "collapsed", "scrolled")
 VOLATILE_NB_META = ("widgets",)
@@ -29,8 +34,6 @@ def clean_notebook(path: Path, execute: bool = False, timeout: int = 1800) -> No
     With ``execute=True`` the notebook is first run top to bottom (in its own folder, in a
     fresh kernel), so checked cells get fresh outputs to commit.
     """
-    import nbformat
-
     from chexnet_utils.platform.atomic import atomic_path
 
     nb = nbformat.read(path, as_version=4)

@@ -37,6 +37,14 @@ from typing import Any
 
 from chexnet_utils import config
 from chexnet_utils.notebook.cells import cells_before
+from chexnet_utils.platform.lazy import lazy_module
+
+# nbformat: imported on first use (chexnet_utils.platform.lazy)
+nbformat = lazy_module("nbformat")
+
+# Horovod, TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+hvd = lazy_module("horovod.tensorflow")
+tf = lazy_module("tensorflow")
 
 NOTEBOOK = "03_training_single_worker.ipynb"
 UP_TO = "## 4."
@@ -100,9 +108,6 @@ def node_description(gpus: Sequence[Any]) -> dict[str, str]:
     desc = {"GPUs": names, "driver": "-", "CUDA / cuDNN (TensorFlow build)": "- / -",
             "NCCL (Horovod)": "-", "TensorFlow / Horovod": versions}
     if gpus:
-        import horovod.tensorflow as hvd
-        import tensorflow as tf
-
         build = tf.sysconfig.get_build_info()
         driver = devices.run_nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"])
         desc.update({"driver": driver.splitlines()[0].strip() if driver else "-",
@@ -138,7 +143,6 @@ def checked_verdicts(nb: Mapping[str, Any]) -> list[str]:
 def run_notebook_section(notebooks: Path, epochs: int = 1, timeout: int = 1800) -> SmokeStep:
     """Notebook 03 up to section 4 in a fresh kernel (``CHEXNET_EPOCHS=epochs``); passes when no
     cell failed and every checked verdict is True. The switches come from the environment."""
-    import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 

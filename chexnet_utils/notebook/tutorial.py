@@ -27,7 +27,11 @@ from typing import IO
 from chexnet_utils.notebook import results
 from chexnet_utils.notebook.run_record import run_record, stamp
 from chexnet_utils.platform.atomic import atomic_path, write_text_atomic
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.platform.processes import check_terminated, note_termination
+
+# nbformat: imported on first use (chexnet_utils.platform.lazy)
+nbformat = lazy_module("nbformat")
 
 LOG_NAME = "tutorial.log"
 """Where ``make tutorial`` puts what the kernels print outside the notebooks' cells."""
@@ -56,7 +60,6 @@ def execute_notebook(path: Path, out_dir: Path, timeout: int = 3600,
     the partly executed notebook is still written so the learner can look at it. The
     executed copy carries where it ran in its metadata (:mod:`~chexnet_utils.notebook.run_record`).
     """
-    import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
     from nbconvert import HTMLExporter

@@ -6,7 +6,7 @@ folder (created with ``O_EXCL`` under a random name: :func:`create_temp`), flush
 and renamed over the target (``os.replace`` is atomic on POSIX). The one implementation of
 that dance is :func:`atomic_path` (a temporary path for writers that stream or name their
 own files: PNGs, shards, Keras checkpoints, figures);
-:func:`write_text_atomic`, :func:`write_bytes_atomic` and :func:`write_json_atomic` (strict
+:func:`write_text_atomic` and :func:`write_json_atomic` (strict
 JSON through :func:`json_safe`) are built on it, and :func:`fsync_dir` makes a rename itself
 durable. :func:`folder_lock` serialises two processes that write the same folder (two
 notebooks preparing the same data set, two results writers).
@@ -83,16 +83,6 @@ def atomic_path(path: Path | str, *, prefix: str | None = None, suffix: str = ".
         tmp_path.unlink(missing_ok=True)
 
 
-def _write_atomic(path: Path | str, data: str | bytes, prefix: str | None, fsync: bool) -> None:
-    with atomic_path(path, prefix=prefix, fsync=False) as tmp_path:
-        text = isinstance(data, str)
-        with open(tmp_path, "w" if text else "wb", encoding="utf-8" if text else None) as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-
-
 def write_text_atomic(path: Path | str, text: str, prefix: str | None = None,
                       fsync: bool = True) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_path`).
@@ -101,14 +91,12 @@ def write_text_atomic(path: Path | str, text: str, prefix: str | None = None,
     reaches the disk before the rename, so a power cut cannot leave an empty file under the
     final name.
     """
-    _write_atomic(path, text, prefix, fsync)
-
-
-def write_bytes_atomic(path: Path | str, data: bytes, prefix: str | None = None,
-                       fsync: bool = True) -> None:
-    """Write ``data`` to ``path`` atomically; ``prefix`` and ``fsync`` as in
-    :func:`write_text_atomic`."""
-    _write_atomic(path, bytes(data), prefix, fsync)
+    with atomic_path(path, prefix=prefix, fsync=False) as tmp_path:
+        with open(tmp_path, "w", encoding="utf-8") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
 
 
 @contextmanager

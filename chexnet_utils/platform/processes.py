@@ -28,14 +28,21 @@ back to polling the parent.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import json
 import os
 import secrets
+import select
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+import psutil
 
 LIFELINE_ENV = "CHEXNET_LIFELINE"
 """Environment variable carrying the tokens of the commands a process belongs to."""
@@ -101,8 +108,6 @@ def wait_gone(procs: Iterable[Any], timeout: float) -> list[Any]:
     Unlike ``psutil.wait_procs``, an exited process that nobody has reaped yet (a zombie,
     e.g. an orphan waiting for init) counts as gone at once.
     """
-    import psutil
-
     def running(p: Any) -> bool:
         try:
             return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
@@ -129,8 +134,6 @@ def terminate_below(parents: Iterable[Any], procs: Iterable[Any], timeout: float
     """SIGTERM those of ``procs`` (``psutil.Process`` objects captured earlier, so never a
     process that reused a pid) that run below one of ``parents``; wait up to ``timeout`` s.
     Returns the ones still running."""
-    import psutil
-
     below: set[int] = set()
     for parent in parents:
         try:
@@ -152,8 +155,6 @@ def stop_within(procs: list[Any], timeout: float,
     stop) to exit, then SIGKILL the rest and wait 5 s more. Meanwhile any process for which
     ``kill_at_once(proc)`` is true is killed at once. (A zombie counts as gone:
     :func:`wait_gone`.)"""
-    import psutil
-
     deadline = time.monotonic() + timeout
     alive = procs
     while alive and time.monotonic() < deadline:
@@ -181,8 +182,6 @@ def stop_processes(procs: Iterable[subprocess.Popen[Any] | int | Any], grace: fl
 
     The one terminate-then-kill of the package: each process is captured as a
     ``psutil.Process`` first (a pid: here), so a pid reused after that is never signalled."""
-    import psutil
-
     procs = list(procs)
     captured = []
     for proc in procs:
@@ -205,8 +204,6 @@ def stop_processes(procs: Iterable[subprocess.Popen[Any] | int | Any], grace: fl
 
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` in the process tree (children, grandchildren, ...)."""
-    import psutil
-
     try:
         kids = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -224,7 +221,6 @@ def set_parent_death_signal(sig: int = signal.SIGKILL, parent: int | None = None
     """
     if not sys.platform.startswith("linux"):
         return False
-    import ctypes
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -335,8 +331,6 @@ class DeathPlan:
     def add(self, line: bytes) -> bool:
         """Take one ``on-death [argv]`` or ``remove-on-death "path"`` line; False for any
         other line (``done``)."""
-        import json
-
         verb, _, payload = line.partition(b" ")
         if verb not in (b"on-death", b"remove-on-death"):
             return False
@@ -354,8 +348,6 @@ def _read_lines(fd: int, pending: bytearray, on_death: DeathPlan | None,
     """Read what ``fd`` has (all of it unless ``block``: one read); add the ``on-death`` and
     ``remove-on-death`` lines to ``on_death``. Returns ``"done"`` when the parent said so,
     ``"closed"`` when the pipe closed without it (the parent died), else ``""``."""
-    import select
-
     plan = on_death if on_death is not None else DeathPlan()
     while True:
         if not block and not select.select([fd], [], [], 0)[0]:
@@ -381,8 +373,6 @@ def _wait_for_parent_or_done(parent: int, on_death: DeathPlan | None = None) -> 
     ``done``; False when it died. A pipe closed without ``done`` counts as a death: a dying
     process closes its files before it becomes a zombie, so at that moment it may still look
     alive (a race that once skipped a Slurm job's ``scancel``)."""
-    import select
-
     stdin = sys.stdin.fileno()
     pending = bytearray()
     watched: list[int] = [stdin]
@@ -427,7 +417,6 @@ def watchdog_main(argv: list[str] | None = None) -> int:
                                stderr=subprocess.DEVNULL, timeout=30)
     stopped = stop_marked(token, exclude=(parent,), log=died)
     if died:  # what the parent's own clean-up would have removed
-        import shutil
 
         for path in plan.paths:
             if os.path.isdir(path) and not os.path.islink(path):
@@ -475,8 +464,6 @@ def watchdog_remove_on_death(proc: subprocess.Popen[bytes] | None, path: str) ->
 
 def _tell_watchdog(proc: subprocess.Popen[bytes] | None, verb: str, value: object) -> bool:
     """Write one ``VERB <json>`` line of :class:`DeathPlan` to the watchdog's stdin."""
-    import json
-
     if proc is None or proc.stdin is None or proc.poll() is not None:
         return False
     try:
@@ -531,9 +518,6 @@ def _exit_if_stuck_after(signum: int) -> None:
     """Daemon thread: after the grace period, exit once the main thread has been over for
     2 s while the process lives on (stuck joining threads at shutdown). A process that
     handled the signal and goes on working is left alone."""
-    import threading
-    import time
-
     time.sleep(TERM_GRACE_S)
     dead_since = None
     while True:
@@ -547,8 +531,6 @@ def _exit_if_stuck_after(signum: int) -> None:
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
-    import threading
-
     _received.append(signum)
     # A second signal while the command cleans up is noted, not raised: the cleanup the
     # first one started runs to its end.
@@ -590,7 +572,6 @@ def command_lifetime(watchdog: bool = True) -> Iterator[_Lifetime]:
     proc = start_watchdog(os.getpid(), token) if watchdog else None
     os.environ[LIFELINE_ENV] = ",".join(lifeline_tokens() + [token])
     handlers = {}  # signal number -> its handler before (what signal.signal returned)
-    import threading
 
     outer_received = list(_received)
     _received.clear()

@@ -8,15 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from chexnet_utils.platform.lazy import lazy_module
+
 if TYPE_CHECKING:
     from chexnet_utils.bench.scaling import ScalingBlock
+
+# matplotlib: imported on first use (chexnet_utils.platform.lazy)
+plt = lazy_module("matplotlib.pyplot")
 
 
 def bars(values: Mapping[str, float], ylabel: str, title: str, errors: Mapping[str, float]
          | None = None, reference: float | None = None, reference_label: str = ""):  # noqa: ANN201
     """Vertical bars with optional error bars and a dashed reference line."""
-    import matplotlib.pyplot as plt
-
     names = list(values)
     fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(names) + 1.5), 3.6))
     ax.bar(names, [values[n] for n in names],
@@ -45,7 +48,6 @@ def timelines(rows: Sequence, title: str = "", xlabel: str = "seconds since the 
     ``label`` and the share of the wall time spent waiting, and all rows share one time
     axis, so a pipeline that finishes the same steps sooner has the shorter row.
     """
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     rows = list(rows)
@@ -89,8 +91,6 @@ def scaling(workers: Sequence[int], series: Mapping[str, Sequence[float]], ylabe
     as the dotted "linear scaling" line; ``cap`` draws a dashed horizontal line (e.g. what
     one machine can decode at most).
     """
-    import matplotlib.pyplot as plt
-
     w = list(workers)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     markers = "osD^v"
@@ -120,8 +120,6 @@ def grouped_bars(data: Mapping[str, Mapping[str, float]], ylabel: str, title: st
     """Bars grouped by the outer key, one colour per inner key (same inner keys in every
     group), each bar labelled with its value formatted by ``fmt``; optional dashed
     horizontal reference line."""
-    import matplotlib.pyplot as plt
-
     groups = list(data)
     series = list(dict.fromkeys(k for g in groups for k in data[g]))
     x = np.arange(len(groups))
@@ -155,8 +153,6 @@ def gpu_utilisation(runs: Mapping[str, Mapping], title: str = "GPU utilisation (
     ``samples`` (dicts with ``t``, ``gpu``, ``util_percent``), optional ``window`` (the timed
     steps, shaded) and ``summary`` (mean utilisation and idle share, in the panel title).
     """
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(len(runs), 1, figsize=(8, 2.4 * len(runs)), sharex=True,
                              squeeze=False)
     for ax, (name, run) in zip(axes[:, 0], runs.items(), strict=True):
@@ -192,8 +188,6 @@ def bars_with_runs(values: Mapping[str, float],
     ``label`` names the value axis; ``horizontal`` bars are listed top to bottom in the
     order of ``values``. Draws on ``ax`` if given, else on a new figure; returns the figure.
     """
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=figsize) if ax is None else (ax.figure, ax)
     names = list(values)
     heights = [values[k] for k in names]
@@ -218,8 +212,6 @@ def worker_learning_curves(histories: Mapping[str, Mapping[str, Sequence[float]]
                            title: str = ""):  # noqa: ANN201
     """Training loss and validation mean AUROC per epoch, one line per run (e.g. "1 worker",
     "2 workers"), side by side. A history without ``val_mean_auroc`` draws no AUROC line."""
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     for label, hist in histories.items():
         epochs = np.arange(1, len(hist["loss"]) + 1)
@@ -245,8 +237,6 @@ def scaling_panels(panels: Mapping[str, ScalingBlock], workers: Sequence[int],
     ``result.emulated``), one line per pipeline, each point after the first labelled with its
     scaling efficiency, and the ideal line (the last pipeline's 1-worker rate times the
     workers) dashed."""
-    import matplotlib.pyplot as plt
-
     w = list(workers)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     colors = ("tab:gray", "tab:blue", "tab:green", "tab:orange")

@@ -10,12 +10,16 @@ import numpy as np
 
 from chexnet_utils.comm.costmodel import busbw, predict, scaling_efficiency_prediction
 from chexnet_utils.comm.timeline import parse_timeline, short_tensor_name
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.plots.charts import bars_with_runs
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
 
     from chexnet_utils.comm.timeline import TimelineEvent
+
+# matplotlib: imported on first use (chexnet_utils.platform.lazy)
+plt = lazy_module("matplotlib.pyplot")
 
 _PHASE_COLORS = {
     "NEGOTIATE_ALLREDUCE": "#c7c7c7", "NEGOTIATE_BROADCAST": "#c7c7c7",
@@ -39,7 +43,6 @@ def plot_timeline(events: Sequence[TimelineEvent], max_tensors: int = 30,
     reported the tensor ready. Time in ms from the first event. At most ``max_tensors``
     rows (the first tensors to start). Returns the figure.
     """
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     spans = [e for e in events if e.phase != "READY"]
@@ -90,8 +93,6 @@ def plot_sweeps(sweeps: Sequence[Mapping[str, Any]], labels: Sequence[str] | Non
     """Two log-log panels for results of :func:`allreduce_times` /
     :func:`parameter_server_times`: time per reduction, and bus bandwidth (:func:`busbw`).
     ``key``: ``"times_s"`` (median of the repeats) or ``"min_s"`` (fastest)."""
-    import matplotlib.pyplot as plt
-
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for i, sw in enumerate(sweeps):
         label = labels[i] if labels else f"{sw['algorithm']} ({sw['backend']})"
@@ -126,8 +127,6 @@ def alpha_beta_fit(sizes_bytes: Sequence[float],
     :func:`chexnet_utils.comm.costmodel.fit_alpha_beta` for that algorithm on ``n`` workers;
     points are measurements, lines the model.
     """
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     s = np.asarray(sizes_bytes, dtype=float)
     for label, (times, fit, algorithm, colocated) in series.items():
@@ -163,8 +162,6 @@ def scaling_prediction(grad_bytes: Mapping[str, float], step_compute_s: float, a
     ``efficiency``) are drawn as markers, shifted a little sideways so they do not hide
     each other.
     """
-    import matplotlib.pyplot as plt
-
     ns = 2 ** np.arange(1, max_log2_workers + 1)
     fig, ax = plt.subplots(figsize=(11, 4.8))
 
@@ -203,8 +200,6 @@ def scaling_prediction(grad_bytes: Mapping[str, float], step_compute_s: float, a
 def fp16_compression(sizes_bytes: Sequence[float], fp32_s: Sequence[float],
                      fp16_s: Sequence[float], n: int):  # noqa: ANN201
     """Allreduce time against tensor size, without and with ``hvd.Compression.fp16``."""
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.loglog(sizes_bytes, np.asarray(fp32_s) * 1e3, "o-", label="float32 (no compression)")
     ax.loglog(sizes_bytes, np.asarray(fp16_s) * 1e3, "s-", label="hvd.Compression.fp16")
@@ -236,8 +231,6 @@ def tensor_fusion(bursts: Mapping[str, Mapping[str, Mapping[str, Any]]],
     per Horovod setting (``bursts``: setting -> burst name -> result of
     :func:`chexnet_utils.comm.collectives.allreduce_burst_times`): ``key`` as the bar, every
     repeat (``times_s``) as a tick."""
-    import matplotlib.pyplot as plt
-
     settings = list(bursts)
     fig, axes = plt.subplots(1, len(burst_elems), figsize=(11, 0.45 * len(settings) + 1.6),
                              squeeze=False)
@@ -268,10 +261,8 @@ def binding(steps: Mapping[str, Mapping[str, Any]], n: int, cores: int):  # noqa
 
 def allreduce_overlap(runs: Mapping[str, Mapping[str, Any]]):  # noqa: ANN201
     """Side-by-side Horovod timelines of one training step per reduction mode (``runs``:
-    mode -> :func:`chexnet_utils.training.horovod_keras.allreduce_enqueue_spread`'s result, with
+    mode -> :func:`chexnet_utils.training.experiments.allreduce_enqueue_spread`'s result, with
     the ``timeline`` path and ``n_tensors``): when each gradient reached Horovod."""
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 5), squeeze=False)
     for ax, (mode, r) in zip(axes[0], runs.items(), strict=True):
         plot_timeline(parse_timeline(r["timeline"]), max_tensors=r["n_tensors"],

@@ -8,16 +8,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chexnet_utils.data.labels import NIH_PREVALENCE, PATHOLOGIES
+from chexnet_utils.platform.lazy import lazy_module
 
 if TYPE_CHECKING:
     from chexnet_utils.bench.conversion import ConversionThroughput
+
+# matplotlib: imported on first use (chexnet_utils.platform.lazy)
+plt = lazy_module("matplotlib.pyplot")
 
 
 def label_distribution(prevalence: Mapping[str, float], reference: Mapping[str, float]
                        | None = NIH_PREVALENCE, title: str = "Label prevalence"):  # noqa: ANN201
     """Horizontal bars of prevalence per label on a log scale, NIH's beside ours."""
-    import matplotlib.pyplot as plt
-
     names = sorted(prevalence, key=lambda k: prevalence[k])
     y = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(7, 0.32 * len(names) + 1))
@@ -44,8 +46,6 @@ def cooccurrence_matrix(labels: np.ndarray) -> np.ndarray:
 
 def cooccurrence(labels: np.ndarray, names: Sequence[str] = PATHOLOGIES):  # noqa: ANN201
     """Heat map of :func:`cooccurrence_matrix` normalised by row: P(column | row)."""
-    import matplotlib.pyplot as plt
-
     c = cooccurrence_matrix(labels).astype(float)
     diag = np.diag(c).copy()
     cond = np.divide(c, diag[:, None], out=np.zeros_like(c), where=diag[:, None] > 0)
@@ -63,8 +63,6 @@ def cooccurrence(labels: np.ndarray, names: Sequence[str] = PATHOLOGIES):  # noq
 def image_grid(images: Sequence[np.ndarray], titles: Sequence[str], cols: int = 4,
                size: float = 2.6):  # noqa: ANN201
     """Grey images in a grid with a (wrapped) title under each."""
-    import matplotlib.pyplot as plt
-
     rows = int(np.ceil(len(images) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * (size + 0.5)))
     for ax in np.atleast_1d(axes).ravel():
@@ -81,8 +79,6 @@ def similarity_histogram(same: Sequence[float] | np.ndarray,
     """Overlaid histograms of thumbnail correlations: pairs of films of the *same* patient
     against pairs of *different* patients
     (:func:`chexnet_utils.data.leakage.same_patient_similarity`)."""
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(6, 3))
     ax.hist(different, bins=bins, alpha=0.7, label="different patients")
     ax.hist(same, bins=bins, alpha=0.7, label="same patient")
@@ -97,8 +93,6 @@ def conversion_throughput(bench: ConversionThroughput):  # noqa: ANN201
     """One panel per image size of the result of
     :func:`chexnet_utils.bench.conversion.bench_conversion`: images/s of the conversion with
     each worker count, the speed-up in the panel title."""
-    import matplotlib.pyplot as plt
-
     runs = bench.runs
     fig, axes = plt.subplots(1, len(runs), figsize=(9, 3.2), sharey=True, squeeze=False)
     for ax, (size, run) in zip(axes[0], runs.items(), strict=True):

@@ -9,6 +9,10 @@ from typing import Any
 import numpy as np
 
 from chexnet_utils.data.labels import PATHOLOGIES
+from chexnet_utils.platform.lazy import lazy_module
+
+# matplotlib: imported on first use (chexnet_utils.platform.lazy)
+plt = lazy_module("matplotlib.pyplot")
 
 
 def learning_curves(history: Mapping[str, Sequence[float]], reference: float | None = None,
@@ -23,8 +27,6 @@ def learning_curves(history: Mapping[str, Sequence[float]], reference: float | N
     Epochs where ``learning_rate`` dropped are marked with dotted vertical lines. Missing
     series are skipped.
     """
-    import matplotlib.pyplot as plt
-
     n = max((len(v) for v in history.values()), default=0)
     epochs = np.arange(1, n + 1)
 
@@ -79,8 +81,6 @@ def roc_curves(y_true: np.ndarray, y_score: np.ndarray, names: Sequence[str] = P
     from :func:`chexnet_utils.model.auroc.roc_curve`; the dotted diagonal is chance. A class
     whose column has no positives (or no negatives) gets an empty panel saying so.
     """
-    import matplotlib.pyplot as plt
-
     from chexnet_utils.model.auroc import binary_auroc, roc_curve
 
     t = np.asarray(y_true, dtype=np.float64)
@@ -129,8 +129,6 @@ def grad_cam_overlay(image: np.ndarray, heatmaps: Mapping[str, np.ndarray], titl
     panel title (e.g. ``"Mass (p=0.93)"``) to a ``(H, W)`` map in [0, 1] as
     :func:`chexnet_utils.model.explain.grad_cam` returns it.
     """
-    import matplotlib.pyplot as plt
-
     img = np.asarray(image, dtype=np.float64)
     if img.ndim == 3:
         img = img[..., 0]
@@ -165,8 +163,6 @@ def elastic_runs(runs: Mapping[str, Sequence[Mapping[str, Any]]], n_train: int,
     n_train`` at every ``step`` event of :mod:`chexnet_utils.cluster.elastic`) against seconds
     since the job's first event, the world size on the right axis, and ``marks`` (time of
     ``time.time()``, label), e.g. a kill, as dashed lines. A rollback shows as a step down."""
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 3.6), squeeze=False,
                              sharey=True)
     for ax, (label, events) in zip(axes[0], runs.items(), strict=True):

@@ -19,11 +19,14 @@ names notebooks, the CLI and the tests use, re-exported from one module per conc
   evaluation dataset, its predictions and loss;
 - :mod:`~chexnet_utils.training.horovod_keras`: Horovod on Keras 3, the ways to average
   gradients and the documented one that does not, ranks compared by weight digests;
+- :mod:`~chexnet_utils.training.experiments`: notebook 04's experiments that prove those on
+  its engines, and the trials its exercises are judged by (not re-exported here);
 - :mod:`~chexnet_utils.training.run_configs`: notebook 04's and 08's runs per scale preset.
 
 No module here but :mod:`~chexnet_utils.training.callbacks` imports TensorFlow at import time
 (``import chexnet_utils.training`` is cheap): the callbacks import Keras at their top, and
-:func:`train` imports them, and Keras, when it runs.
+:func:`train` imports them when it runs; the others name TensorFlow, Keras and Horovod at
+their top with :func:`chexnet_utils.platform.lazy.lazy_module`, imported on first use.
 """
 
 from __future__ import annotations

@@ -34,9 +34,14 @@ from chexnet_utils.platform.atomic import (
     json_safe,
     write_json_atomic,
 )
+from chexnet_utils.platform.lazy import lazy_module
 
 if TYPE_CHECKING:
     import keras
+
+# Keras: imported on first use (chexnet_utils.platform.lazy)
+if not TYPE_CHECKING:
+    keras = lazy_module("keras")
 
 __all__ = [
     "BEST_NAME",
@@ -161,8 +166,6 @@ def load_checkpoint(out_dir: Path | str) -> tuple[keras.Model, dict[str, Any]]:
     ``state["epoch"]`` is the number of finished epochs; training resumes at that (0-based)
     epoch index. Raises ``FileNotFoundError`` when there is no checkpoint.
     """
-    import keras
-
     from chexnet_utils.model.models import custom_objects
 
     ckpt_dir = Path(out_dir) / CHECKPOINT_DIR

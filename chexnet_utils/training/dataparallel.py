@@ -35,8 +35,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from chexnet_utils.platform.lazy import lazy_module
+
 if TYPE_CHECKING:
     import keras
+
+# Horovod, Keras, TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+hvd = lazy_module("horovod.tensorflow")
+if not TYPE_CHECKING:
+    keras = lazy_module("keras")
+tf = lazy_module("tensorflow")
 
 __all__ = [
     "LR_SCALINGS",
@@ -60,7 +68,6 @@ def init_world(distributed: bool = False) -> tuple[int, int]:
     """
     if not distributed:
         return 0, 1
-    import horovod.tensorflow as hvd
 
     from chexnet_utils.hardware.devices import pin_process
 
@@ -96,7 +103,6 @@ def broadcast_initial_state(model: keras.Model, distributed: bool = False) -> No
     """
     if not distributed:
         return
-    import horovod.tensorflow as hvd
 
     variables = [v.value for v in [*model.variables, *model.optimizer.variables]]
     hvd.broadcast_variables(variables, root_rank=0)
@@ -104,9 +110,6 @@ def broadcast_initial_state(model: keras.Model, distributed: bool = False) -> No
 
 def allreduce_mean(values: dict[str, float]) -> dict[str, float]:
     """Average numbers across Horovod workers (same keys on every worker)."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
     keys = sorted(values)
     if not keys:
         return {}
@@ -177,8 +180,6 @@ class Recipe:
 
     def optimizer(self, size: int) -> Any:
         """A fresh ``keras.optimizers.Adam`` at :meth:`worker_learning_rate`."""
-        import keras
-
         return keras.optimizers.Adam(self.worker_learning_rate(size))
 
     def compile(self, model: keras.Model, loss: Any, size: int, *,

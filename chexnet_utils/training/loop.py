@@ -96,6 +96,7 @@ from chexnet_utils.input.pipelines import DEFAULT_SHUFFLE_BUFFER, Pipeline
 from chexnet_utils.model.architectures import Architecture
 from chexnet_utils.model.auroc import CHEXNET_PAPER_MEAN_AUROC, mean_auroc, per_class_auroc
 from chexnet_utils.platform.checks import require_choices
+from chexnet_utils.platform.lazy import lazy_module
 from chexnet_utils.training.checkpoints import (
     BEST_NAME,
     CHECKPOINT_DIR,
@@ -127,6 +128,11 @@ from chexnet_utils.training.splits import (
 if TYPE_CHECKING:
     from chexnet_utils.model.accelerator import Switches
     from chexnet_utils.training.callbacks import EpochTimer
+
+# Horovod, Keras, TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+hvd = lazy_module("horovod.tensorflow")
+keras = lazy_module("keras")
+tf = lazy_module("tensorflow")
 
 PlateauMonitor = Literal["val_loss", "val_mean_auroc", "loss"]
 """What ``ReduceLROnPlateau`` watches."""
@@ -385,8 +391,6 @@ def _callbacks(cfg: TrainConfig, splits: _Splits, state: dict[str, Any], loss_fn
                chief: bool, size: int, initial_epoch: int) -> tuple[list[Any], EpochTimer]:
     """The built-in callbacks in their order (see :mod:`chexnet_utils.training.callbacks`)
     and the epoch timer among them."""
-    import keras
-
     from chexnet_utils.training import callbacks as cb
 
     out = Path(cfg.out_dir)
@@ -428,8 +432,6 @@ def _rank_records(model: Any, rank: int, distributed: bool) -> list[dict[str, An
         {"rank": rank, "lr": float(np.asarray(model.optimizer.learning_rate)),
          "trainable_sha256": weights_sha256(model.trainable_weights)}]
     if distributed:
-        import horovod.tensorflow as hvd
-
         ranks = sorted(hvd.allgather_object(ranks[0], name="chexnet_rank_state"),
                        key=lambda r: r["rank"])
     return ranks
@@ -471,8 +473,6 @@ def train(config: TrainConfig, callbacks: Sequence[Any] | None = None) -> TrainR
     writes ``out_dir/metrics.json``. Raises ``FileNotFoundError`` for a missing TFRecords
     folder or weights file, ``ValueError`` for bad settings or a checkpoint of another arch.
     """
-    import keras
-
     from chexnet_utils.model.accelerator import describe, resolve_switches
     from chexnet_utils.model.models import WeightedBCE
 
@@ -541,9 +541,6 @@ def _write_metrics(cfg: TrainConfig, result: TrainResult, splits: _Splits,
                    ranks: list[dict[str, Any]], switches: Switches) -> Path:
     """Write ``out_dir/metrics.json`` (rank 0): the test figures, throughput, every rank's
     final state, the timing, config, history, checkpoints, versions and accelerator."""
-    import keras
-    import tensorflow as tf
-
     size = result.world_size
     ckpt_dir = Path(cfg.out_dir) / CHECKPOINT_DIR
     best_path = ckpt_dir / BEST_NAME

@@ -23,6 +23,7 @@ from chexnet_utils.cluster.distributed import (
     mpirun_command,
 )
 from chexnet_utils.notebook.cells import code_cell
+from chexnet_utils.training import experiments as EX
 from chexnet_utils.training import horovod_keras as HK
 
 pytestmark = pytest.mark.mpi
@@ -72,11 +73,11 @@ def test_enqueue_spread_per_step():
     # 2 steps of 3 gradients, and a barrier seen once (left out)
     events = [neg("barrier", 50), neg("c", 10), neg("a", 0), neg("b", 4),
               neg("a", 100), neg("b", 100.5), neg("c", 101)]
-    assert HK.enqueue_spread(events, 3) == pytest.approx([10.0, 1.0])
+    assert EX.enqueue_spread(events, 3) == pytest.approx([10.0, 1.0])
     with pytest.raises(ValueError, match="expected 4"):
-        HK.enqueue_spread(events, 4)
+        EX.enqueue_spread(events, 4)
     with pytest.raises(ValueError):
-        HK.enqueue_spread(events, 0)
+        EX.enqueue_spread(events, 0)
 
 
 def test_nan_weights_everywhere_are_not_a_drift():
@@ -156,29 +157,29 @@ def test_notebook_six_changes_under_the_gpu_switches(cluster, hvd_tfrecords, tmp
 
 @pytest.mark.parametrize("pattern", ["per_tensor", "grouped"])
 def test_averaging_patterns_keep_ranks_identical(cluster, pattern):
-    (s0, e0), (s1, e1) = cluster.run(HK.pattern_digests, pattern)
+    (s0, e0), (s1, e1) = cluster.run(EX.pattern_digests, pattern)
     assert s0 == s1, "the broadcast did not give both ranks rank 0's weights"
     assert e0 != s0, "training did not change the weights"
     assert e0 == e1, f"{pattern}: the ranks drifted apart"
 
 
 def test_keras3_distributed_optimizer_runs_but_does_not_average(cluster):
-    r0, r1 = cluster.run(HK.keras_optimizer_digests)
+    r0, r1 = cluster.run(EX.keras_optimizer_digests)
     assert r0["start"] == r1["start"]  # the same model on both ranks ...
     assert r0["end"] != r1["end"]      # ... no error, and yet different weights after fit
 
 
 def test_rank_agreement_stops_a_job_whose_ranks_diverge(cluster):
     with pytest.raises(Exception) as err:
-        cluster.run(HK.keras_optimizer_digests, check=True)
-    line = HK.error_line(err.value, "RanksDiverged")
+        cluster.run(EX.keras_optimizer_digests, check=True)
+    line = EX.error_line(err.value, "RanksDiverged")
     assert "RanksDiverged" in line and "different weights after step 2" in line, line
     assert "DistributedOptimizer" in line  # the likely cause is named
 
 
 def test_per_tensor_allreduce_overlaps_the_backward_pass(cluster, tmp_path):
-    per = cluster.run(HK.allreduce_enqueue_spread, "per_tensor", str(tmp_path / "per.json"))[0]
-    grouped = cluster.run(HK.allreduce_enqueue_spread, "grouped", str(tmp_path / "g.json"))[0]
+    per = cluster.run(EX.allreduce_enqueue_spread, "per_tensor", str(tmp_path / "per.json"))[0]
+    grouped = cluster.run(EX.allreduce_enqueue_spread, "grouped", str(tmp_path / "g.json"))[0]
     assert per["n_tensors"] == grouped["n_tensors"] > 10
     assert len(per["spread_ms"]) >= 3 and len(grouped["spread_ms"]) >= 3
     # grouped: every gradient reaches Horovod at the same instant, after the backward pass;

@@ -15,12 +15,15 @@ import shutil
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
-from chexnet_utils.cluster.remote_engines import RemoteEngines
 from chexnet_utils.platform.processes import alive
+from tests.support.remote_engines import RemoteEngines
 from tests.support.sniff import PacketCapture
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="needs root and iproute2 (network namespaces)")
@@ -158,7 +161,7 @@ def test_without_curve_the_marker_crosses_the_link_in_plain_text(other_host):
 
 _HOLDER = """
 import json, sys, time
-from chexnet_utils.cluster.remote_engines import RemoteEngines
+from tests.support.remote_engines import RemoteEngines
 rc = RemoteEngines(sys.argv[1], n=1, launch=["ip", "netns", "exec", sys.argv[2]]).start()
 pids = [*rc.engine_pids, *(p.pid for p in rc.engines), rc.cluster.controller.process.pid]
 print(json.dumps({"pids": pids, "profile": rc.profile_dir}), flush=True)
@@ -173,8 +176,8 @@ def test_a_killed_holder_leaves_no_controller_engine_or_key_behind(other_host):
     import time
 
     ns, _, host_ip = other_host
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, host_ip, ns],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, host_ip, ns],  # tests.support:
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)       # from the repo
     try:
         started = json.loads(holder.stdout.readline())
     finally:

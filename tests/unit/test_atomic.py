@@ -83,15 +83,13 @@ def test_temporary_names_are_new_files_never_an_existing_name_or_link(tmp_path, 
     assert mode == 0o666 & ~umask  # an ordinary new file's permissions, not mkstemp's 0600
 
 
-def test_write_bytes_atomic(tmp_path):
-    from chexnet_utils.platform.atomic import write_bytes_atomic
-
-    target = tmp_path / "shard.bin"
-    write_bytes_atomic(target, b"\x00\x01")
-    assert target.read_bytes() == b"\x00\x01"
-    write_bytes_atomic(target, bytearray(b"\x02"), fsync=False)
-    assert target.read_bytes() == b"\x02"
-    assert os.listdir(tmp_path) == ["shard.bin"]
+def test_write_text_atomic_replaces_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "notes.txt"
+    write_text_atomic(target, "first\n")
+    assert target.read_text() == "first\n"
+    write_text_atomic(target, "second é\n", fsync=False)
+    assert target.read_text(encoding="utf-8") == "second é\n"
+    assert os.listdir(tmp_path) == ["notes.txt"]
 
 
 def test_fsync_dir_is_best_effort(tmp_path):

@@ -59,7 +59,7 @@ def test_make_private_closes_the_folder_and_its_files(tmp_path):
 
 @pytest.mark.parametrize("ip", ["0.0.0.0", "::", "*", ""])
 def test_controllers_refuse_to_listen_on_every_interface(ip: str) -> None:
-    from chexnet_utils.cluster.remote_engines import RemoteEngines
+    from tests.support.remote_engines import RemoteEngines
 
     with pytest.raises(ValueError, match="every interface"):
         MPICluster(n=1, controller_ip=ip)
@@ -93,7 +93,7 @@ def test_mpicluster_stop_never_signals_a_process_that_reused_a_tracked_pid():
 
 
 def test_remote_engines_signal_only_what_they_captured_on_this_machine(monkeypatch):
-    from chexnet_utils.cluster import remote_engines
+    from tests.support import remote_engines
 
     bystander, handle = _reused_pid_handle()
     try:
@@ -131,7 +131,7 @@ def test_engine_death_is_told_by_ipyparallel_error_types():
 def test_error_line_names_the_remote_error_asked_for():
     from ipyparallel import error
 
-    from chexnet_utils.training.horovod_keras import error_line
+    from chexnet_utils.training.experiments import error_line
 
     composite = error.CompositeError("one or more exceptions", [
         ("RanksDiverged", "the workers hold different weights after step 2", "tb", {}),

@@ -290,7 +290,7 @@ def test_fit_conversion_names_an_error_with_its_hint():
 
 
 def test_uneven_shards_verdicts(capsys):
-    from chexnet_utils.training.horovod_keras import join_problem
+    from chexnet_utils.training.experiments import join_problem
 
     ok = [{"rank": 0, "batches": 4, "ran": 4, "end": "e"}, {"rank": 1, "batches": 2, "ran": 2,
                                                            "end": "e"}]
@@ -302,7 +302,7 @@ def test_uneven_shards_verdicts(capsys):
 
 
 def test_uneven_shards_error_is_reported_not_raised():
-    from chexnet_utils.training.horovod_keras import join_problem
+    from chexnet_utils.training.experiments import join_problem
 
     ranks = [{"rank": r, "batches": 2, "ran": 2, "end": "e",
               "error": "TypeError: Expected int for argument 'root_rank'"} for r in range(2)]

@@ -139,14 +139,14 @@ def test_worker_plan_counts_gpus_else_cores() -> None:
     plan = devices.worker_plan(8, min_workers=2, gpus=4, cores=64)
     assert (plan.n, plan.device) == (4, "GPU")
     assert "4 GPU(s) visible" in plan.reason
-    assert devices.workers_for_node(8, gpus=8, cores=2) == 8   # cores do not matter on GPUs
-    assert devices.workers_for_node(8, gpus=16, cores=64) == 8  # the scale's ceiling
-    assert devices.workers_for_node(2, min_workers=2, gpus=4, cores=64) == 2
+    assert devices.worker_plan(8, gpus=8, cores=2).n == 8   # cores do not matter on GPUs
+    assert devices.worker_plan(8, gpus=16, cores=64).n == 8  # the scale's ceiling
+    assert devices.worker_plan(2, min_workers=2, gpus=4, cores=64).n == 2
     # one GPU, a notebook that needs two workers: CPU workers, the GPU hidden from them
     one = devices.worker_plan(4, min_workers=2, gpus=1, cores=8)
     assert (one.n, one.device) == (4, "CPU")
     assert one.engine_env == {"CUDA_VISIBLE_DEVICES": ""}
-    assert devices.workers_for_node(4, min_workers=1, gpus=1, cores=8) == 1
+    assert devices.worker_plan(4, min_workers=1, gpus=1, cores=8).n == 1
     with pytest.raises(ValueError):
         devices.worker_plan(0)
 

@@ -287,3 +287,71 @@ def test_the_notebook_detectors_catch_what_they_should():
     assert plumbing("os.kill(pid, 9)")
     assert plumbing("@tf.function\ndef step(x):\n    return x") == []
     assert plumbing("fig = plots.timeline(r)\nplt.show()") == []
+
+
+# ---- the package: module size and imports hidden inside functions (issue #50) ---------------
+
+PACKAGE = Path(__file__).resolve().parents[2] / "chexnet_utils"
+MAX_MODULE_LINES = 700
+MAX_LOCAL_IMPORTS = 160
+MAX_LOCAL_HEAVY_IMPORTS = 35
+HEAVY_LIBRARIES = ("tensorflow", "keras", "horovod")
+
+
+def function_local_imports(source: str) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements inside a function (nested functions and methods included)."""
+    found: dict[int, ast.Import | ast.ImportFrom] = {}
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    found[id(node)] = node
+    return list(found.values())
+
+
+def imported_names(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    return [node.module or ""]
+
+
+def test_package_modules_stay_small_and_name_their_imports_at_the_top():
+    """No module over 700 lines; at most 160 function-local imports, at most 35 of them
+    TensorFlow, Keras or Horovod (the others name them at their top with
+    ``platform.lazy.lazy_module``: docs/architecture.md, "The TensorFlow boundary")."""
+    local = heavy = 0
+    too_long = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        if source.count("\n") > MAX_MODULE_LINES:
+            too_long[str(path.relative_to(PACKAGE))] = source.count("\n")
+        for node in function_local_imports(source):
+            local += 1
+            heavy += any(name.split(".")[0] in HEAVY_LIBRARIES for name in imported_names(node))
+    assert too_long == {}, f"modules over {MAX_MODULE_LINES} lines: {too_long}"
+    assert local <= MAX_LOCAL_IMPORTS, f"{local} function-local imports (<= {MAX_LOCAL_IMPORTS})"
+    assert heavy <= MAX_LOCAL_HEAVY_IMPORTS, \
+        f"{heavy} function-local TensorFlow/Keras/Horovod imports (<= {MAX_LOCAL_HEAVY_IMPORTS})"
+    print(f"package: {local} function-local imports, {heavy} of TensorFlow/Keras/Horovod")
+
+
+def test_a_lazy_module_imports_on_first_use_only():
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from chexnet_utils.platform.lazy import lazy_module\n"
+            "colorsys = lazy_module('colorsys')\n"
+            "assert 'colorsys' not in sys.modules, 'imported too early'\n"
+            "print(repr(colorsys))\n"
+            "assert colorsys.rgb_to_hsv(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0)\n"
+            "assert 'colorsys' in sys.modules\n"
+            "print(repr(colorsys))\n"
+            "import pickle\n"
+            "again = pickle.loads(pickle.dumps(colorsys))\n"
+            "assert again.hsv_to_rgb(0.0, 1.0, 1.0) == (1.0, 0.0, 0.0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["<lazy module 'colorsys' (not imported yet)>",
+                                          "<lazy module 'colorsys' (imported)>"]

@@ -11,6 +11,7 @@ decisions behind it.
 from __future__ import annotations
 
 import hashlib
+import multiprocessing as mp
 import os
 import re
 import time
@@ -512,7 +513,6 @@ def _start_workers(workers: int) -> tuple[Any, Any]:
     for one worker (everything runs in this process)."""
     if workers <= 1:
         return None, None
-    import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = mp.get_context("spawn")  # no fork of a parent that may hold TF threads

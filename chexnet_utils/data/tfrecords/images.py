@@ -17,6 +17,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from chexnet_utils.platform.lazy import lazy_module
+
+# TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+tf = lazy_module("tensorflow")
+
 __all__ = ["MAX_PIXELS", "PNG_COMPRESS_LEVEL", "check_pixels", "decode_image",
            "limit_decoding", "prepare_image", "to_grey8"]
 
@@ -135,8 +140,6 @@ def describe_error(exc: BaseException) -> str:
 def decode_image(image_bytes: Any, image_size: int | None = None) -> Any:
     """PNG/JPEG bytes -> float32 ``[H, W, 1]`` in [0, 1]; resized (bilinear, antialiased) to
     ``image_size`` x ``image_size`` when given. One image (map it over a dataset)."""
-    import tensorflow as tf
-
     img = tf.io.decode_image(image_bytes, channels=1, dtype=tf.uint8, expand_animations=False)
     img = tf.cast(img, tf.float32) / 255.0
     if image_size is not None:

@@ -11,7 +11,7 @@ are the messages of TensorFlow's ``example.proto`` / ``feature.proto``, built fr
 descriptor in a pool of this module's own, so ``Example(...).SerializeToString(
 deterministic=True)`` gives the bytes ``tf.train.Example`` gives (the tests check that, and
 read the files with ``tf.data.TFRecordDataset``). TensorFlow is imported only by
-:func:`parse_example` and :func:`feature_spec` (and the lazy ``FEATURE_SPEC`` constant).
+:func:`parse_example` and :func:`feature_spec` (the package's lazy ``FEATURE_SPEC`` constant).
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from chexnet_utils.data.labels import NUM_CLASSES
+from chexnet_utils.platform.lazy import lazy_module
+
+# TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+tf = lazy_module("tensorflow")
 
 __all__ = [
     "CRC32C_IMPLEMENTATION",
@@ -275,8 +279,6 @@ def feature_spec() -> dict[str, Any]:
     """The ``tf.io.parse_example`` spec of the stored Example (imports TensorFlow)."""
     global _FEATURE_SPEC
     if _FEATURE_SPEC is None:
-        import tensorflow as tf
-
         _FEATURE_SPEC = {
             "image/encoded": tf.io.FixedLenFeature([], tf.string),
             "image/format": tf.io.FixedLenFeature([], tf.string),
@@ -289,13 +291,6 @@ def feature_spec() -> dict[str, Any]:
     return _FEATURE_SPEC
 
 
-def __getattr__(name: str) -> Any:
-    # FEATURE_SPEC is a module constant that only imports TensorFlow when first used.
-    if name == "FEATURE_SPEC":
-        return feature_spec()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def parse_example(serialized: Any) -> dict[str, Any]:
     """Parse serialized Examples (a scalar string or a batch) without decoding the image.
 
@@ -303,8 +298,6 @@ def parse_example(serialized: Any) -> dict[str, Any]:
     (string), ``patient_id``, ``height``, ``width`` (int64) and ``format`` (string); with a
     batch every one gains a leading batch dimension (``tf.io.parse_example`` semantics).
     """
-    import tensorflow as tf
-
     parsed = tf.io.parse_example(serialized, feature_spec())
     return {
         "image_bytes": parsed["image/encoded"],

@@ -33,6 +33,7 @@ The check listens with two callbacks, one before and one after the learner's (it
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import tempfile
@@ -43,7 +44,8 @@ from typing import Any
 import numpy as np
 
 from chexnet_utils.notebook.exercises.verdict import verdict
-from chexnet_utils.training.horovod_keras import random_batch, weights_sha256
+from chexnet_utils.training.experiments import random_batch
+from chexnet_utils.training.horovod_keras import weights_sha256
 
 NAMES = ("setup_worker", "make_dataset", "CheXNet", "train")
 N_FILES, PER_FILE, IMAGE_SIZE, BATCH_SIZE, EPOCHS = 4, 16, 32, 8, 2   # the trial's run
@@ -67,8 +69,6 @@ def write_trial_shards(out_dir: str | Path, n_files: int = N_FILES,
                        ) -> list[str]:
     """``n_files`` TFRecord shards in the course's format, ``per_file`` small grey PNGs each,
     record ``i``'s label holding ``i`` (:func:`id_label`). Returns the paths."""
-    import io
-
     from PIL import Image
 
     from chexnet_utils.data.tfrecords.wire import frame_record, make_example

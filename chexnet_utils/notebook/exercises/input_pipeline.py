@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import math
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from chexnet_utils.bench import benchmark
 from chexnet_utils.hardware import devices
 from chexnet_utils.notebook.exercises.verdict import close, missing, number, pair, verdict
+from chexnet_utils.platform.lazy import lazy_module
+
+# TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+tf = lazy_module("tensorflow")
 
 STEP_TIME_KEYS = ("sequential_ms", "pipelined_ms", "wait_sequential_ms", "wait_pipelined_ms")
 """What :func:`check_step_times` expects: step time and accelerator wait per step, without
@@ -53,8 +61,6 @@ more cores higher."""
 def _one_thread(dataset: Any) -> Any:
     """``dataset`` confined to one core: a private pool of one thread for all its tf.data
     work and intra-op parallelism 1 (what :func:`benchmark.decode_ceiling` measures with)."""
-    import tensorflow as tf
-
     options = tf.data.Options()
     options.threading.private_threadpool_size = 1
     options.threading.max_intra_op_parallelism = 1
@@ -156,8 +162,6 @@ def check_list_files_fix(answer: Callable[[str, int, int], Any] | None, pattern:
     for every call: the articles' ``list_files(pattern)`` followed by ``shard`` reads some
     files twice and others never.
     """
-    import tensorflow as tf
-
     if missing(answer, "fix worker_files above and set answer = worker_files"):
         return False
     if not callable(answer):
@@ -270,8 +274,6 @@ def _images(dataset: Any) -> list[Any]:
 
 def _match(image: Any, reference: Sequence[Any]) -> tuple[int, bool] | None:
     """``(index, flipped)`` of the reference image that ``image`` is, or its mirror."""
-    import numpy as np
-
     for i, ref in enumerate(reference):
         if ref.shape == image.shape:
             if np.allclose(image, ref, atol=1e-5):
@@ -298,10 +300,6 @@ def check_cache_placement(answer: Callable[[Sequence[Path]], Any] | None,
     (``tf.random.set_seed``, ``keras.utils.set_random_seed``) a random op in a map draws the
     same sequence in every epoch even after the cache, which the verdict then explains.
     """
-    import shutil
-    import tempfile
-
-    import tensorflow as tf
 
     if missing(answer, "write cached_augmented(files) and set answer = cached_augmented"):
         return False

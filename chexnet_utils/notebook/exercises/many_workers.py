@@ -104,10 +104,10 @@ def check_ps_shards(answer: int | None, n_workers: int = 64) -> bool:
 def check_uneven_shards(answer: Callable[..., Any] | None, n_workers: int = 2,
                         run: Callable[..., list[Any]] | None = None, timeout: float = 90) -> bool:
     """04 exercise 7: your ``train_all(step, batches, model)`` on shards of unequal size
-    (:func:`chexnet_utils.training.horovod_keras.join_trial`: 4 batches on rank 0, 2 on rank 1):
+    (:func:`chexnet_utils.training.experiments.join_trial`: 4 batches on rank 0, 2 on rank 1):
     every rank trains on all its batches, no rank hangs, the ranks end identical."""
     from chexnet_utils.cluster.distributed import EngineFailure
-    from chexnet_utils.training.horovod_keras import join_problem, join_trial, run_on_engines
+    from chexnet_utils.training.experiments import join_problem, join_trial, run_on_engines
 
     if missing(answer, "write train_all (the cell above) and set answer = train_all"):
         return False
