@@ -41,7 +41,7 @@ class Scale:
     """Sizes for one scale preset: every setting a notebook reads that depends on the scale.
 
     Each field's docstring names the notebooks that read it (directly, or through
-    :mod:`chexnet_utils.data.prepare` / :mod:`chexnet_utils.training.run_configs`)."""
+    :mod:`chexnet_utils.data.prepare` / :meth:`chexnet_utils.training.TrainConfig.from_scale`)."""
 
     name: str
     """The preset's name (``CHEXNET_SCALE``); notebooks print it and record it in results,
@@ -54,14 +54,14 @@ class Scale:
     """Side in pixels of the synthetic PNGs (NIH's are 1024); :mod:`chexnet_utils.data.prepare`."""
     image_size: int
     """Side the model sees after resizing (notebooks 01-04 and 07; the engine runs of 04 via
-    :mod:`chexnet_utils.training.run_configs`)."""
+    :meth:`chexnet_utils.training.TrainConfig.from_scale`)."""
     arch: str
     """Model architecture of the training notebooks (03, 04)."""
     batch_size: int
     """Batch per worker (notebooks 02, 03, 04 and 07)."""
     epochs: int
     """Epochs of the training notebooks (03; 04 through
-    :mod:`chexnet_utils.training.run_configs`)."""
+    :meth:`chexnet_utils.training.TrainConfig.from_scale`)."""
     max_workers: int
     """Largest number of Horovod engines the notebooks start (04-06) or simulate (02)."""
     shard_size: int | None

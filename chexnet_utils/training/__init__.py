@@ -3,7 +3,8 @@
 ``from chexnet_utils import training`` then ``training.train(training.TrainConfig(...))``: the
 names notebooks, the CLI and the tests use, re-exported from one module per concern:
 
-- :mod:`~chexnet_utils.training.loop`: :class:`TrainConfig`, :class:`TrainResult`,
+- :mod:`~chexnet_utils.training.loop`: :class:`TrainConfig` (``TrainConfig.from_scale``: one
+  run of a scale preset, notebooks 04 and 08), :class:`TrainResult`,
   :func:`train` (what one call does, step by step, and Horovod's six changes: its docstring)
   and :func:`train_on_engine` (the same on an ipyparallel MPI engine);
 - :mod:`~chexnet_utils.training.dataparallel`: the data-parallel seams (``init_world``,
@@ -20,8 +21,7 @@ names notebooks, the CLI and the tests use, re-exported from one module per conc
 - :mod:`~chexnet_utils.training.horovod_keras`: Horovod on Keras 3, the ways to average
   gradients and the documented one that does not, ranks compared by weight digests;
 - :mod:`~chexnet_utils.training.experiments`: notebook 04's experiments that prove those on
-  its engines, and the trials its exercises are judged by (not re-exported here);
-- :mod:`~chexnet_utils.training.run_configs`: notebook 04's and 08's runs per scale preset.
+  its engines, and the trials its exercises are judged by (not re-exported here).
 
 No module here but :mod:`~chexnet_utils.training.callbacks` imports TensorFlow at import time
 (``import chexnet_utils.training`` is cheap): the callbacks import Keras at their top, and

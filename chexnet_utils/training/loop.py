@@ -91,6 +91,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from chexnet_utils.config import Scale, scale
 from chexnet_utils.data.labels import PATHOLOGIES
 from chexnet_utils.input.pipelines import DEFAULT_SHUFFLE_BUFFER, Pipeline
 from chexnet_utils.model.architectures import Architecture
@@ -234,6 +235,19 @@ class TrainConfig:
             self.weights = str(self.weights)
         if isinstance(self.profile_batch, list):
             self.profile_batch = tuple(self.profile_batch)
+
+    @classmethod
+    def from_scale(cls, tfrecords: Path | str, out_dir: Path | str, s: Scale | None = None,
+                   **overrides: Any) -> TrainConfig:
+        """One run of a scale preset (notebooks 04 and 08): ``s``'s (default:
+        :func:`chexnet_utils.config.scale`) architecture, image size, batch size and epochs on
+        ``tfrecords``, no TensorBoard, one log line per epoch, seed 0; ``overrides`` win. A
+        notebook's next run changes a field or two (``dataclasses.replace``)."""
+        s = s or scale()
+        preset: dict[str, Any] = dict(arch=s.arch, image_size=s.image_size,
+                                      batch_size=s.batch_size, epochs=s.epochs,
+                                      tensorboard=False, verbose=2, seed=0)
+        return cls(tfrecords=tfrecords, out_dir=out_dir, **{**preset, **overrides})
 
     def validate_values(self) -> None:
         """Raise ``ValueError`` for values that cannot work."""

@@ -1,14 +1,13 @@
 """The package functions notebooks 04 and 05 call instead of defining their own helpers:
-the cost model's prediction table, the engine training config, the fusion bursts, idle CPU."""
+the cost model's prediction table, the fusion bursts, idle CPU (the engine training
+config: tests/unit/test_run_configs.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from chexnet_utils import config
 from chexnet_utils.comm import costmodel, experiments
-from chexnet_utils.training import run_configs
 
 
 def test_predict_efficiencies_is_the_cost_model_per_model_and_worker_count():
@@ -24,23 +23,6 @@ def test_predict_efficiencies_is_the_cost_model_per_model_and_worker_count():
     # the parameter server's link carries N x size: it falls behind the ring as N grows
     assert table["a_64"]["ps_eff"] < table["a_2"]["ps_eff"]
     assert table["a_64"]["ps_eff"] < table["a_64"]["ring_eff"]
-
-
-def test_engine_train_config_takes_the_preset_and_lets_overrides_win(tmp_path):
-    s = config.scale("workstation")
-    cfg = run_configs.engine_train_config(tmp_path / "shards", tmp_path / "run", s,
-                                          epochs=50, verbose=0)
-    assert cfg["tfrecords"] == str(tmp_path / "shards") and cfg["out_dir"] == str(tmp_path / "run")
-    assert (cfg["arch"], cfg["image_size"], cfg["batch_size"]) == (s.arch, s.image_size,
-                                                                   s.batch_size)
-    assert (cfg["epochs"], cfg["verbose"], cfg["seed"]) == (50, 0, 0)
-    assert cfg["tensorboard"] is False
-
-
-def test_engine_train_config_defaults_to_the_environment_preset(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHEXNET_SCALE", "ci")
-    monkeypatch.setenv("CHEXNET_EPOCHS", "3")
-    assert run_configs.engine_train_config(tmp_path, tmp_path)["epochs"] == 3
 
 
 class _Cluster:
