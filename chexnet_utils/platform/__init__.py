@@ -14,7 +14,9 @@
 - :mod:`~chexnet_utils.platform.forward`: a loopback port forwarded to a Unix socket (the
   browser's way into the private lab);
 - :mod:`~chexnet_utils.platform.markdown`: rows as a markdown table, the text of every table
-  the package shows (notebooks display it, commands and results print it).
+  the package shows (notebooks display it, commands and results print it);
+- :mod:`~chexnet_utils.platform.lazy`: a heavy library named at a module's top and imported
+  on first use (``tf = lazy_module("tensorflow")``).
 
 Importing the wing imports none of them (and no TensorFlow):
 ``from chexnet_utils.platform import processes``

@@ -76,9 +76,11 @@ HELLO_CELL = ("%%px\nimport os\nimport time\n\n"
               "time.sleep(1)\n"
               "print(f\"rank {mpi_rank()} says hello from pid {os.getpid()}\", flush=True)\n"
               "time.sleep(3)")
-LONG_CELL = ("%%px\nimport time\n\nprint(f\"rank {mpi_rank()} at work\", flush=True)\n"
+LONG_CELL = ("%%px\nimport time\n\ntime.sleep(1)\n"
+             "print(f\"rank {mpi_rank()} at work\", flush=True)\n"
              "for step in range(600):\n    time.sleep(1)")
-AGAIN_CELL = "%%px\nprint(f\"rank {mpi_rank()} is back\")"
+AGAIN_CELL = ("%%px\ntime.sleep(1)\nprint(f\"rank {mpi_rank()} is back\", flush=True)\n"
+              "time.sleep(3)")  # the same two races as HELLO_CELL's
 SIDEBAR_CHECK_CELL = ("from mpi4py import MPI\n\n"
                       "rc.wait_for_engines(2, timeout=120)  # 'running': the controller; "
                       "engines follow\n"
