@@ -126,7 +126,6 @@ def gpu_throughput_on_engine(cfg: StepConfig | dict[str, Any]) -> dict[str, Any]
         local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
         bind_this_process(c.rank_cpus[local])
 
-
     from chexnet_utils.data.tfrecords import list_shards
     from chexnet_utils.input.pipelines import build_pipeline, training_feed
     from chexnet_utils.model.accelerator import build_model, resolve_switches

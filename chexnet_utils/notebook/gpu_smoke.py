@@ -39,11 +39,9 @@ from chexnet_utils import config
 from chexnet_utils.notebook.cells import cells_before
 from chexnet_utils.platform.lazy import lazy_module
 
-# nbformat: imported on first use (chexnet_utils.platform.lazy)
-nbformat = lazy_module("nbformat")
-
-# Horovod, TensorFlow: imported on first use (chexnet_utils.platform.lazy)
+# Horovod, nbformat, TensorFlow: imported on first use (chexnet_utils.platform.lazy)
 hvd = lazy_module("horovod.tensorflow")
+nbformat = lazy_module("nbformat")
 tf = lazy_module("tensorflow")
 
 NOTEBOOK = "03_training_single_worker.ipynb"
